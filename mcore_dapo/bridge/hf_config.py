@@ -1,0 +1,151 @@
+"""Read a Hugging Face ``config.json`` of Qwen3 / Qwen3-MoE into one normalised record.
+
+transformers writes some fields under two spellings depending on its version:
+``num_experts`` (4.x) and ``num_local_experts`` (5.x), ``rope_theta`` (4.x) and
+``rope_parameters.rope_theta`` (5.x), ``torch_dtype`` and ``dtype``. Everything
+downstream reads :class:`HFModelConfig`, never the raw dictionary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from mcore_dapo.errors import UserError
+
+SUPPORTED_MODEL_TYPES = ("qwen3_moe", "qwen3")
+
+
+@dataclass(frozen=True)
+class HFModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: str
+    # MoE (zero experts for dense Qwen3)
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = field(default_factory=tuple)
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """HF's rule (Qwen3MoeDecoderLayer): sparse unless listed in mlp_only_layers."""
+        return (
+            self.is_moe
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
+
+    def summary(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        d["mlp_only_layers"] = list(self.mlp_only_layers)
+        return d
+
+
+def _first(raw: dict, *names, default=None):
+    for n in names:
+        if n in raw and raw[n] is not None:
+            return raw[n]
+    return default
+
+
+def config_path(path: str | Path) -> Path:
+    """The config.json for a model directory or a config file path."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+    if not p.is_file():
+        raise UserError(f"no config.json at {str(path)!r}: pass a Hugging Face model folder or its config.json")
+    return p
+
+
+def parse_hf_config(raw: dict) -> HFModelConfig:
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UserError(
+            f"model_type={model_type!r} is not supported: accepted are {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if raw.get("use_sliding_window") and raw.get("sliding_window"):
+        raise UserError(
+            f"use_sliding_window=True (sliding_window={raw.get('sliding_window')}) is not supported: "
+            "only full attention is mapped to Megatron"
+        )
+    if raw.get("shared_expert_intermediate_size"):
+        raise UserError(
+            "shared_expert_intermediate_size="
+            f"{raw['shared_expert_intermediate_size']} is not supported: Qwen3-MoE has no shared expert"
+        )
+    if raw.get("rope_scaling") or (raw.get("rope_parameters") or {}).get("rope_type", "default") != "default":
+        rp = raw.get("rope_scaling") or raw.get("rope_parameters")
+        raise UserError(f"rope scaling {rp!r} is not supported: accepted is plain RoPE (rope_type 'default')")
+    act = raw.get("hidden_act", "silu")
+    if act != "silu":
+        raise UserError(f"hidden_act={act!r} is not supported: accepted is 'silu' (SwiGLU)")
+    rope = raw.get("rope_parameters") or {}
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    try:
+        num_experts = int(_first(raw, "num_experts", "num_local_experts", default=0)) if model_type == "qwen3_moe" else 0
+        cfg = HFModelConfig(
+            model_type=model_type,
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            num_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(_first(raw, "num_key_value_heads", default=heads)),
+            head_dim=int(_first(raw, "head_dim", default=hidden // heads)),
+            intermediate_size=int(raw["intermediate_size"]),
+            rms_norm_eps=float(_first(raw, "rms_norm_eps", default=1e-6)),
+            rope_theta=float(_first(rope, "rope_theta", default=_first(raw, "rope_theta", default=10000.0))),
+            max_position_embeddings=int(_first(raw, "max_position_embeddings", default=4096)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            dtype=str(_first(raw, "dtype", "torch_dtype", default="bfloat16")),
+            num_experts=num_experts,
+            num_experts_per_tok=int(raw.get("num_experts_per_tok", 0)) if num_experts else 0,
+            moe_intermediate_size=int(raw.get("moe_intermediate_size", 0)) if num_experts else 0,
+            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+            router_aux_loss_coef=float(raw.get("router_aux_loss_coef", 0.0) or 0.0),
+            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
+            mlp_only_layers=tuple(int(x) for x in (raw.get("mlp_only_layers") or [])),
+            raw=dict(raw),
+        )
+    except KeyError as e:
+        raise UserError(f"config.json lacks the field {e.args[0]!r} that a {model_type} config must have") from None
+    if cfg.attention_bias:
+        raise UserError("attention_bias=True is not supported: Qwen3 attention has no bias")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise UserError(
+            f"num_key_value_heads={cfg.num_key_value_heads} does not divide "
+            f"num_attention_heads={cfg.num_attention_heads}"
+        )
+    return cfg
+
+
+def load_hf_config(path: str | Path) -> HFModelConfig:
+    p = config_path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise UserError(f"{p} is not valid JSON: {e.msg} at line {e.lineno}") from None
+    return parse_hf_config(raw)

@@ -1,0 +1,100 @@
+"""A Megatron parallel layout (TP/PP/EP/ETP/CP/VPP) and its legality for a model."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mcore_dapo.bridge.hf_config import HFModelConfig
+from mcore_dapo.errors import UserError
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    etp: int | None = None  # expert tensor parallel; Megatron's default is TP
+    cp: int = 1
+    vpp: int | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    def dp(self, world_size: int) -> int:
+        return world_size // (self.tp * self.pp * self.cp)
+
+    def expert_dp(self, world_size: int) -> int:
+        return world_size // (self.expert_tp * self.ep * self.pp)
+
+    def min_world_size(self) -> int:
+        import math
+
+        return math.lcm(self.tp * self.pp * self.cp, self.expert_tp * self.ep * self.pp)
+
+    def describe(self) -> str:
+        s = f"TP{self.tp} PP{self.pp} EP{self.ep} ETP{self.expert_tp}"
+        if self.cp > 1:
+            s += f" CP{self.cp}"
+        if self.vpp:
+            s += f" VPP{self.vpp}"
+        return s
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["etp"] = self.expert_tp
+        return d
+
+    def validate(self, cfg: HFModelConfig | None = None, world_size: int | None = None) -> "Layout":
+        """Raise a one-line :class:`UserError` for an illegal layout; return self."""
+        for name in ("tp", "pp", "ep", "cp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise UserError(f"{name}={v!r} is not accepted: a positive integer is")
+        if self.etp is not None and self.etp < 1:
+            raise UserError(f"etp={self.etp!r} is not accepted: a positive integer is")
+        if world_size is not None:
+            dense = self.tp * self.pp * self.cp
+            if world_size % dense:
+                raise UserError(
+                    f"world size {world_size} is not divisible by TP*PP*CP = {dense} "
+                    f"({self.describe()}): accepted world sizes are multiples of {dense}"
+                )
+            expert = self.expert_tp * self.ep * self.pp
+            if world_size % expert:
+                raise UserError(
+                    f"world size {world_size} is not divisible by ETP*EP*PP = {expert} "
+                    f"({self.describe()}): accepted world sizes are multiples of {expert}"
+                )
+        if cfg is None:
+            return self
+        groups, heads = cfg.num_key_value_heads, cfg.num_attention_heads
+        if groups % self.tp:
+            ok = [d for d in range(1, groups + 1) if groups % d == 0]
+            raise UserError(f"tp={self.tp} does not divide the {groups} KV groups of the model: accepted TP is one of {ok}")
+        if heads % self.tp:
+            raise UserError(f"tp={self.tp} does not divide the {heads} attention heads")
+        if cfg.is_moe:
+            if cfg.num_experts % self.ep:
+                ok = [d for d in range(1, cfg.num_experts + 1) if cfg.num_experts % d == 0]
+                raise UserError(
+                    f"ep={self.ep} does not divide the {cfg.num_experts} experts: accepted EP is one of {ok}"
+                )
+            if cfg.moe_intermediate_size % self.expert_tp:
+                raise UserError(
+                    f"etp={self.expert_tp} does not divide the expert ffn size {cfg.moe_intermediate_size}"
+                )
+        elif self.ep > 1:
+            raise UserError(f"ep={self.ep} is not accepted for a dense model: accepted is ep=1")
+        if cfg.intermediate_size % self.tp and not all(cfg.is_moe_layer(i) for i in range(cfg.num_layers)):
+            raise UserError(f"tp={self.tp} does not divide the dense ffn size {cfg.intermediate_size}")
+        stages = self.pp * (self.vpp or 1)
+        if stages > cfg.num_layers:
+            raise UserError(
+                f"pp={self.pp} (x vpp={self.vpp or 1}) is more pipeline stages than the {cfg.num_layers} layers"
+            )
+        if self.vpp and cfg.num_layers % stages:
+            raise UserError(
+                f"vpp={self.vpp} with pp={self.pp} needs the {cfg.num_layers} layers divisible by {stages}"
+            )
+        return self

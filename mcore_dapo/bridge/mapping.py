@@ -1,0 +1,157 @@
+"""Mapping kinds between HF tensors and Megatron-core parameters.
+
+Each kind knows both directions and its own tensor-parallel split:
+
+* ``to_megatron(hf, rank, size)``: the HF tensors (full) -> this rank's shard.
+* ``to_hf(shards)``: every rank's shard, in rank order -> the HF tensors (full).
+
+``rank``/``size`` are those of the group the kind names (``"tp"`` for dense
+weights, ``"etp"`` for experts, ``None`` for replicated ones); process groups
+are never read from global state here, so the same code serves the converters,
+the rollout export and verification.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Model sizes the mapping kinds need."""
+
+    num_attention_heads: int
+    num_query_groups: int
+    head_dim: int
+    vocab_size: int
+    padded_vocab_size: int
+
+
+@dataclass(frozen=True)
+class Mapping:
+    megatron: str  # canonical Megatron name pattern, with {L} (global layer) and {E} (global expert)
+    hf: tuple[str, ...]  # HF name patterns, same placeholders
+    group: str | None = None  # "tp", "etp" or None (replicated)
+    split_dim: int | None = None
+
+    def to_megatron(self, hf: list[torch.Tensor], rank: int, size: int, dims: Dims) -> torch.Tensor:
+        (t,) = hf
+        if self.split_dim is None or size == 1:
+            return t
+        return t.chunk(size, dim=self.split_dim)[rank]
+
+    def to_hf(self, shards: list[torch.Tensor], dims: Dims) -> list[torch.Tensor]:
+        if self.split_dim is None or len(shards) == 1:
+            return [shards[0]]
+        return [torch.cat(shards, dim=self.split_dim)]
+
+    def local_shape(self, hf_shapes: list[tuple[int, ...]], size: int, dims: Dims) -> tuple[int, ...]:
+        """Shape of one rank's shard, from the HF shapes (no data needed)."""
+        (s,) = hf_shapes
+        s = list(s)
+        if self.split_dim is not None:
+            s[self.split_dim] //= size
+        return tuple(s)
+
+
+def replicated(megatron: str, hf: str) -> Mapping:
+    return Mapping(megatron, (hf,))
+
+
+def column(megatron: str, hf: str, group: str = "tp") -> Mapping:
+    return Mapping(megatron, (hf,), group, 0)
+
+
+def row(megatron: str, hf: str, group: str = "tp") -> Mapping:
+    return Mapping(megatron, (hf,), group, 1)
+
+
+@dataclass(frozen=True)
+class VocabMapping(Mapping):
+    """Vocab-parallel embedding / output layer: pad rows to the padded vocab, split rows."""
+
+    def to_megatron(self, hf, rank, size, dims):
+        (t,) = hf
+        pad = dims.padded_vocab_size - t.shape[0]
+        if pad:
+            t = torch.cat([t, t.new_zeros((pad,) + tuple(t.shape[1:]))], dim=0)
+        return t.chunk(size, dim=0)[rank]
+
+    def to_hf(self, shards, dims):
+        return [torch.cat(shards, dim=0)[: dims.vocab_size]]
+
+    def local_shape(self, hf_shapes, size, dims):
+        (s,) = hf_shapes
+        return (dims.padded_vocab_size // size,) + tuple(s[1:])
+
+
+def vocab(megatron: str, hf: str) -> Mapping:
+    return VocabMapping(megatron, (hf,), "tp", 0)
+
+
+@dataclass(frozen=True)
+class QKVMapping(Mapping):
+    """q/k/v -> Megatron's fused ``linear_qkv``, interleaved per KV group.
+
+    For each KV group g the fused weight holds ``[q heads of g; k_g; v_g]``;
+    TP ranks hold whole groups, so a contiguous split of the fused weight is a
+    rank's shard (TP must divide the groups).
+    """
+
+    def _fuse(self, q, k, v, dims):
+        g, d = dims.num_query_groups, dims.head_dim
+        per = dims.num_attention_heads // g
+        h = q.shape[-1] if q.dim() == 2 else None
+        tail = (h,) if h is not None else ()
+        q = q.reshape(g, per * d, *tail)
+        k = k.reshape(g, d, *tail)
+        v = v.reshape(g, d, *tail)
+        return torch.cat([q, k, v], dim=1).reshape(g * (per + 2) * d, *tail)
+
+    def to_megatron(self, hf, rank, size, dims):
+        q, k, v = hf
+        fused = self._fuse(q, k, v, dims)
+        return fused.chunk(size, dim=0)[rank]
+
+    def to_hf(self, shards, dims):
+        fused = torch.cat(shards, dim=0)
+        g, d = dims.num_query_groups, dims.head_dim
+        per = dims.num_attention_heads // g
+        tail = tuple(fused.shape[1:])
+        x = fused.reshape(g, (per + 2) * d, *tail)
+        q, k, v = torch.split(x, [per * d, d, d], dim=1)
+        return [t.reshape(-1, *tail) for t in (q, k, v)]
+
+    def local_shape(self, hf_shapes, size, dims):
+        rows = sum(s[0] for s in hf_shapes)
+        return (rows // size,) + tuple(hf_shapes[0][1:])
+
+
+def qkv(megatron: str, q: str, k: str, v: str) -> Mapping:
+    return QKVMapping(megatron, (q, k, v), "tp", 0)
+
+
+@dataclass(frozen=True)
+class GatedMLPMapping(Mapping):
+    """gate_proj + up_proj -> ``linear_fc1``: each rank holds ``[gate shard; up shard]``.
+
+    Splitting ``cat([gate; up])`` contiguously would hand rank 0 all of gate and
+    rank 1 all of up, which is wrong for SwiGLU; gate and up are split first.
+    """
+
+    def to_megatron(self, hf, rank, size, dims):
+        gate, up = hf
+        return torch.cat([gate.chunk(size, dim=0)[rank], up.chunk(size, dim=0)[rank]], dim=0)
+
+    def to_hf(self, shards, dims):
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)]
+
+    def local_shape(self, hf_shapes, size, dims):
+        return (2 * hf_shapes[0][0] // size,) + tuple(hf_shapes[0][1:])
+
+
+def gated_mlp(megatron: str, gate: str, up: str, group: str = "tp") -> Mapping:
+    return GatedMLPMapping(megatron, (gate, up), group, 0)

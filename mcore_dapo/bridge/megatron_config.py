@@ -1,0 +1,139 @@
+"""HF config -> Megatron-core ``TransformerConfig`` settings and ``GPTModel`` arguments.
+
+Kept as plain dictionaries first (:func:`transformer_config_kwargs`,
+:func:`gpt_model_kwargs`) so that the mapping can be read and tested without
+importing Megatron; :func:`build_transformer_config` makes the real object.
+Megatron is imported lazily: on Ascend, MindSpeed must be imported before it.
+"""
+
+from __future__ import annotations
+
+from mcore_dapo.bridge.hf_config import HFModelConfig
+from mcore_dapo.bridge.layout import Layout
+from mcore_dapo.errors import UserError
+
+DISPATCHERS = ("alltoall", "allgather")
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def padded_vocab_size(vocab: int, tp: int, divisible_by: int | None = None) -> int:
+    """Vocab size Megatron builds: a multiple of ``divisible_by * tp``.
+
+    ``None`` picks the largest power of two up to 128 for which the real vocab
+    needs no padding (Qwen3's 151936 = 128 * 1187 needs none up to TP4), so the
+    logits of every real token are exactly those of the HF model. Padding rows
+    (when any) are zero on load and dropped on export.
+    """
+    if divisible_by is None:
+        divisible_by = 128
+        while divisible_by > 1 and vocab % (divisible_by * tp):
+            divisible_by //= 2
+    multiple = divisible_by * tp
+    return ((vocab + multiple - 1) // multiple) * multiple
+
+
+def moe_layer_pattern(cfg: HFModelConfig) -> list[int]:
+    return [1 if cfg.is_moe_layer(i) else 0 for i in range(cfg.num_layers)]
+
+
+def transformer_config_kwargs(
+    cfg: HFModelConfig,
+    layout: Layout,
+    *,
+    dtype: str = "bf16",
+    dispatcher: str = "alltoall",
+    grouped_gemm: bool = False,
+    sequence_parallel: bool | None = None,
+    aux_loss_coeff: float | None = None,
+    recompute: str = "none",
+) -> dict:
+    """The ``TransformerConfig`` fields for this model and layout."""
+    layout.validate(cfg)
+    if dtype not in DTYPES:
+        raise UserError(f"dtype={dtype!r} is not accepted: accepted are {', '.join(DTYPES)}")
+    if dispatcher not in DISPATCHERS:
+        raise UserError(f"dispatcher={dispatcher!r} is not accepted: accepted are {', '.join(DISPATCHERS)}")
+    if recompute not in ("none", "full", "selective"):
+        raise UserError(f"recompute={recompute!r} is not accepted: accepted are none, full, selective")
+    if sequence_parallel is None:
+        # Megatron's MoE layer requires sequence parallelism whenever TP > 1 in training.
+        sequence_parallel = layout.tp > 1
+    kw = dict(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_key_value_heads,
+        kv_channels=cfg.head_dim,
+        ffn_hidden_size=cfg.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=cfg.rms_norm_eps,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        qk_layernorm=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=float(cfg.raw.get("initializer_range", 0.02)),
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        virtual_pipeline_model_parallel_size=layout.vpp,
+        context_parallel_size=layout.cp,
+        sequence_parallel=bool(sequence_parallel and layout.tp > 1),
+        params_dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype],
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        variable_seq_lengths=dispatcher == "alltoall",  # allgather refuses it
+        # fusions that need CUDA kernels are enabled by the device adapter, not here
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+    if cfg.is_moe:
+        kw.update(
+            num_moe_experts=cfg.num_experts,
+            moe_router_topk=cfg.num_experts_per_tok,
+            moe_ffn_hidden_size=cfg.moe_intermediate_size,
+            # norm_topk_prob: softmax over the top-k logits == renormalised top-k of the softmax
+            moe_router_pre_softmax=not cfg.norm_topk_prob,
+            moe_router_score_function="softmax",
+            moe_router_load_balancing_type="aux_loss" if (aux_loss_coeff if aux_loss_coeff is not None else cfg.router_aux_loss_coef) > 0 else "none",
+            moe_aux_loss_coeff=cfg.router_aux_loss_coef if aux_loss_coeff is None else aux_loss_coeff,
+            moe_grouped_gemm=grouped_gemm,
+            moe_token_dispatcher_type=dispatcher,
+            moe_layer_freq=moe_layer_pattern(cfg),
+            expert_model_parallel_size=layout.ep,
+            expert_tensor_parallel_size=layout.expert_tp,
+            moe_router_dtype="fp32",
+        )
+    if recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    return kw
+
+
+def gpt_model_kwargs(cfg: HFModelConfig, layout: Layout, *, make_vocab_size_divisible_by: int | None = None) -> dict:
+    """``GPTModel`` arguments other than config, spec and pipeline position."""
+    return dict(
+        vocab_size=padded_vocab_size(cfg.vocab_size, layout.tp, make_vocab_size_divisible_by),
+        max_sequence_length=cfg.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(cfg.rope_theta),
+        rotary_percent=1.0,
+        share_embeddings_and_output_weights=cfg.tie_word_embeddings,
+        parallel_output=True,
+    )
+
+
+def build_transformer_config(cfg: HFModelConfig, layout: Layout, **kwargs):
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    kw = transformer_config_kwargs(cfg, layout, **kwargs)
+    kw["params_dtype"] = getattr(torch, kw["params_dtype"])
+    kw["pipeline_dtype"] = kw["params_dtype"]
+    kw["activation_func"] = F.silu
+    return TransformerConfig(**kw)

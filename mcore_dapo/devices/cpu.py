@@ -1,0 +1,58 @@
+"""CPU adapter: gloo, Megatron's local layer spec, and the CPU patches of patches/manifest.toml."""
+
+from __future__ import annotations
+
+import torch
+
+from mcore_dapo.devices.base import DeviceAdapter
+from mcore_dapo.devices.spec import te_compatible_keys
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm that works under sequence parallelism (Megatron's torch norm refuses it).
+
+    Its weight is marked ``sequence_parallel`` so that Megatron all-reduces its
+    gradient over the TP group, as it does for Transformer Engine's norms.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **_unused):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
+
+    def forward(self, x):
+        return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+class CpuAdapter(DeviceAdapter):
+    name = "cpu"
+    backend = "gloo"
+
+    @classmethod
+    def detect(cls) -> bool:
+        return True
+
+    def device(self, local_rank: int):
+        return torch.device("cpu")
+
+    def layer_spec(self, config, vp_stage=None, pp_rank=None):
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+        block = get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
+        )
+
+        def swap_norm(spec_holder, attr):
+            if getattr(spec_holder, attr, None) is WrappedTorchNorm:
+                setattr(spec_holder, attr, RMSNorm)
+
+        for layer in block.layer_specs:
+            sub = layer.submodules
+            swap_norm(sub, "input_layernorm")
+            swap_norm(sub, "pre_mlp_layernorm")
+            swap_norm(sub.self_attention.submodules, "q_layernorm")
+            swap_norm(sub.self_attention.submodules, "k_layernorm")
+        swap_norm(block, "layer_norm")
+        return te_compatible_keys(block)

@@ -1,0 +1,1 @@
+"""Megatron runtime: parallel state, model building from the bridge, HF weight loading, forward passes."""

@@ -1,0 +1,122 @@
+"""Build the bridge's sharded Megatron model from an HF checkpoint and compare it with HF.
+
+Run under torchrun, one process per device::
+
+    torchrun --nproc-per-node 2 -m mcore_dapo.runtime.check --hf-path DIR --reference REF.pt --ep 2
+
+``REF.pt`` holds ``tokens`` and the HF model's ``logits`` computed in a clean
+process (``python -m mcore_dapo.testing.tiny reference DIR REF.pt``). Every
+rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from mcore_dapo.bridge import Bridge, Layout
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.runtime.check")
+    ap.add_argument("--hf-path", required=True)
+    ap.add_argument("--reference", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=None)
+    ap.add_argument("--vpp", type=int, default=None)
+    ap.add_argument("--dispatcher", default="alltoall")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--vocab-divisible-by", type=int, default=None)
+    ap.add_argument("--backward", action="store_true", help="also run a training forward+backward")
+    ap.add_argument("--out", default=None)
+    return ap.parse_args(argv)
+
+
+def run(a) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from mcore_dapo.io.hf_reader import HFReader
+    from mcore_dapo.runtime.forward import run_schedule
+    from mcore_dapo.runtime.model import build_model, load_hf_weights
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info
+
+    t0 = time.time()
+    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp, vpp=a.vpp)
+    bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
+    adapter = init_parallel(layout, a.device)
+    info = parallel_info()
+    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
+                             make_vocab_size_divisible_by=a.vocab_divisible_by)
+    with HFReader(a.hf_path) as reader:
+        loaded = load_hf_weights(chunks, bridge, reader, info)
+    ref = torch.load(a.reference)
+    tokens, ref_logits = ref["tokens"], ref["logits"].float()
+    for c in chunks:
+        c.eval()
+    with torch.no_grad():
+        logits = run_schedule(chunks, tokens, micro_batch_size=1)
+    # max |diff| on the last stage, shared with every rank (others contribute -1)
+    stat = torch.tensor([-1.0, -1.0, -1.0])
+    if logits is not None:
+        logits = logits[..., : bridge.cfg.vocab_size].float()
+        diff = (logits - ref_logits).abs()
+        top1 = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()
+        stat = torch.tensor([diff.max().item(), diff.mean().item(), top1.item()])
+    dist.all_reduce(stat, op=dist.ReduceOp.MAX)
+    n_params = torch.tensor([sum(p.numel() for c in chunks for p in c.parameters())], dtype=torch.long)
+    result = {
+        "layout": layout.describe(),
+        "world_size": info.world_size,
+        "dispatcher": a.dispatcher,
+        "device": adapter.name,
+        "tensors_loaded_rank0": loaded,
+        "params_rank0": int(n_params.item()),
+        "max_abs_diff": stat[0].item(),
+        "mean_abs_diff": stat[1].item(),
+        "top1_agreement": stat[2].item(),
+    }
+    if a.backward:
+        for c in chunks:
+            c.train()
+        labels = torch.roll(tokens, -1, dims=1)
+        losses = run_schedule(chunks, tokens, labels=labels, forward_only=False, micro_batch_size=1)
+        grads = [p.main_grad if getattr(p, "main_grad", None) is not None else p.grad
+                 for c in chunks for p in c.parameters()]
+        got = torch.tensor([float(sum(1 for g in grads if g is not None and g.abs().sum() > 0)), float(len(grads))])
+        finite = torch.tensor([float(all(torch.isfinite(g).all() for g in grads if g is not None))])
+        dist.all_reduce(got)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        loss = torch.tensor([sum(x.item() for x in losses) / len(losses) if losses else -1.0])
+        dist.all_reduce(loss, op=dist.ReduceOp.MAX)
+        result.update(train_loss=loss.item(), params_with_grad=int(got[0]), params_total=int(got[1]),
+                      grads_finite=bool(finite.item()))
+    result["seconds"] = round(time.time() - t0, 2)
+    return result
+
+
+def main(argv=None) -> int:
+    from mcore_dapo.runtime.parallel import shutdown
+
+    a = parse_args(argv)
+    result = run(a)
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        text = json.dumps(result)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text)
+        else:
+            print(text)
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Forward (and backward) passes through Megatron's own pipeline schedules."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
+    """[b, s, v/tp] on each TP rank -> [b, s, v] (padded vocab)."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    if tp == 1:
+        return logits
+    parts = [torch.empty_like(logits) for _ in range(tp)]
+    torch.distributed.all_gather(parts, logits.contiguous(), group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)
+
+
+def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = None,
+                 forward_only: bool = True, micro_batch_size: int = 1):
+    """Run ``tokens`` [B, S] through the model with Megatron's forward-backward function.
+
+    Returns, on the last pipeline stage, the full-vocab logits [B, S, V_padded]
+    (forward_only) or the list of per-microbatch losses; ``None`` elsewhere.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    b, s = tokens.shape
+    if b % micro_batch_size:
+        raise ValueError(f"batch {b} not divisible by micro batch {micro_batch_size}")
+    position_ids = torch.arange(s).unsqueeze(0)
+    batches = []
+    for i in range(0, b, micro_batch_size):
+        mb = {"tokens": tokens[i:i + micro_batch_size], "position_ids": position_ids.expand(micro_batch_size, s)}
+        if labels is not None:
+            mb["labels"] = labels[i:i + micro_batch_size]
+        batches.append(mb)
+    outputs = []
+
+    def forward_step(data_iterator, model):
+        mb = next(data_iterator)
+        out = model(mb["tokens"], mb["position_ids"], None, labels=mb.get("labels"))
+
+        def loss_func(output_tensor):
+            if "labels" in mb:
+                loss = output_tensor.float().mean()
+                outputs.append(loss.detach())
+                return loss, {"loss": loss.detach()}
+            outputs.append(_gather_vocab(output_tensor.detach()))
+            return output_tensor.float().sum() * 0.0, {}
+
+        return out, loss_func
+
+    it = iter(batches)
+    iters = [iter(batches) for _ in chunks] if len(chunks) > 1 else it
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iters,
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(batches),
+        seq_length=s,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+    if not ps.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    if labels is not None:
+        return outputs
+    return torch.cat(outputs, dim=0)

@@ -1,0 +1,92 @@
+"""Build the sharded Megatron GPTModel for a bridge, and load HF weights into it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from mcore_dapo.bridge import Bridge, Resolved
+from mcore_dapo.bridge.megatron_config import build_transformer_config, gpt_model_kwargs
+from mcore_dapo.bridge.names import ExpertPlacement, canonical_name, layer_map_of
+from mcore_dapo.devices import DeviceAdapter
+from mcore_dapo.errors import UserError
+from mcore_dapo.runtime.parallel import ParallelInfo
+
+
+def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", dispatcher: str = "alltoall",
+                make_vocab_size_divisible_by: int | None = None, init_weights: bool = False,
+                **config_kw) -> tuple[list[torch.nn.Module], object]:
+    """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    layout = bridge.layout
+    tf = build_transformer_config(bridge.cfg, layout, dtype=dtype, dispatcher=dispatcher, **config_kw)
+    tf.use_cpu_initialization = adapter.name == "cpu"
+    tf.perform_initialization = init_weights
+    kw = gpt_model_kwargs(bridge.cfg, layout, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    chunks = []
+    for vp in range(layout.vpp or 1):
+        vp_stage = vp if layout.vpp else None
+        spec = adapter.layer_spec(tf, vp_stage=vp_stage, pp_rank=ps.get_pipeline_model_parallel_rank())
+        model = GPTModel(
+            config=tf,
+            transformer_layer_spec=spec,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            vp_stage=vp_stage,
+            **kw,
+        )
+        if adapter.name != "cpu":
+            model = model.to(adapter.device(int(os.environ.get("LOCAL_RANK", "0"))))
+        chunks.append(model)
+    return chunks, tf
+
+
+@dataclass(frozen=True)
+class LocalParam:
+    name: str  # local name in its chunk
+    chunk: int
+    param: torch.nn.Parameter
+    resolved: Resolved
+
+
+def local_params(chunks: list[torch.nn.Module], bridge: Bridge, info: ParallelInfo) -> Iterator[LocalParam]:
+    """Every parameter this rank holds, with its canonical name and mapping."""
+    cfg = bridge.cfg
+    experts = (
+        ExpertPlacement(info.ep_rank, cfg.num_experts // info.ep_size) if cfg.is_moe else None
+    )
+    for ci, chunk in enumerate(chunks):
+        layers = layer_map_of(chunk)
+        for name, p in chunk.named_parameters():
+            canon = canonical_name(name, layers, experts)
+            if canon == "output_layer.weight" and cfg.tie_word_embeddings:
+                canon = "embedding.word_embeddings.weight"  # tied copy on the last stage
+            try:
+                resolved = bridge.resolve(canon)
+            except KeyError:
+                raise RuntimeError(f"Megatron parameter {name} ({canon}) has no HF mapping") from None
+            yield LocalParam(name, ci, p, resolved)
+
+
+@torch.no_grad()
+def load_hf_weights(chunks, bridge: Bridge, reader, info: ParallelInfo) -> int:
+    """Copy this rank's shard of every parameter from the HF checkpoint; returns the count loaded."""
+    n = 0
+    for lp in local_params(chunks, bridge, info):
+        m = lp.resolved.mapping
+        rank, size = info.group_rank(m.group)
+        hf = [reader.get(h) for h in lp.resolved.hf]
+        shard = m.to_megatron(hf, rank, size, bridge.dims)
+        if tuple(shard.shape) != tuple(lp.param.shape):
+            raise UserError(
+                f"shape mismatch for {lp.resolved.megatron}: the checkpoint gives {tuple(shard.shape)} "
+                f"from {', '.join(lp.resolved.hf)}, the model built from config.json has {tuple(lp.param.shape)}"
+            )
+        lp.param.data.copy_(shard.to(dtype=lp.param.dtype, device=lp.param.device))
+        n += 1
+    return n

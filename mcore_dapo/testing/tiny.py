@@ -1,0 +1,106 @@
+"""Generate tiny Qwen3 / Qwen3-MoE checkpoints with transformers (seeded, hub layout, safetensors)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# Small enough for a 2-core CPU, shaped so that every layout of the tests is legal:
+# 4 KV groups (TP 1/2/4), 8 experts (EP 1/2/4/8), expert ffn 32 (ETP 1/2/4), 4 layers (PP 1/2/4).
+TINY_MOE = dict(
+    model_type="qwen3_moe",
+    architectures=["Qwen3MoeForCausalLM"],
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    moe_intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    tie_word_embeddings=False,
+    router_aux_loss_coef=0.001,
+    hidden_act="silu",
+    attention_bias=False,
+    initializer_range=0.05,
+)
+
+TINY_DENSE = {k: v for k, v in TINY_MOE.items() if not k.startswith(("num_experts", "moe_", "norm_topk", "decoder_sparse", "mlp_only", "router_"))}
+TINY_DENSE.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+
+
+def make_tiny_model(out: str | Path, *, seed: int = 0, dtype: str = "float32", **overrides) -> Path:
+    """Write a seeded random tiny model as an HF folder (config.json + safetensors). Returns ``out``."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = Path(out)
+    base = dict(TINY_DENSE if overrides.get("model_type") == "qwen3" else TINY_MOE)
+    base.update(overrides)
+    model_type = base.pop("model_type")
+    base.pop("architectures", None)
+    config = AutoConfig.for_model(model_type, **base)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    # Norm weights start at one in HF; randomise them so that a swapped or unloaded norm shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.2 * torch.randn_like(p))
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def tiny_prompts(vocab_size: int, batch: int = 2, seq: int = 16, seed: int = 1234):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, seq), generator=g)
+
+
+def hf_reference_logits(hf_path: str | Path, tokens):
+    """Logits of the HF transformers model, float32, eager attention. Run in a clean process."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=tokens).logits
+
+
+def main(argv=None) -> int:
+    """``python -m mcore_dapo.testing.tiny reference HF_DIR OUT.pt``: HF logits in a clean process."""
+    import argparse
+
+    import torch
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", choices=["model", "reference"])
+    ap.add_argument("path")
+    ap.add_argument("out", nargs="?")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq", type=int, default=16)
+    a = ap.parse_args(argv)
+    if a.what == "model":
+        make_tiny_model(a.path, seed=a.seed)
+        return 0
+    vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
+    tokens = tiny_prompts(vocab, a.batch, a.seq)
+    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens)}, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
