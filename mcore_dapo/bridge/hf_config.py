@@ -102,9 +102,9 @@ def parse_hf_config(raw: dict) -> HFModelConfig:
     if act != "silu":
         raise UserError(f"hidden_act={act!r} is not supported: accepted is 'silu' (SwiGLU)")
     rope = raw.get("rope_parameters") or {}
-    hidden = int(raw["hidden_size"])
-    heads = int(raw["num_attention_heads"])
     try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
         num_experts = int(_first(raw, "num_experts", "num_local_experts", default=0)) if model_type == "qwen3_moe" else 0
         cfg = HFModelConfig(
             model_type=model_type,

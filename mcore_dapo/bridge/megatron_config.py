@@ -82,7 +82,9 @@ def transformer_config_kwargs(
         params_dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype],
         bf16=dtype == "bf16",
         fp16=dtype == "fp16",
-        variable_seq_lengths=dispatcher == "alltoall",  # allgather refuses it
+        # Megatron's allgather dispatcher refuses variable sequence lengths (checked for dense models too)
+        moe_token_dispatcher_type=dispatcher,
+        variable_seq_lengths=dispatcher == "alltoall",
         # fusions that need CUDA kernels are enabled by the device adapter, not here
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
@@ -101,7 +103,6 @@ def transformer_config_kwargs(
             moe_router_load_balancing_type="aux_loss" if (aux_loss_coeff if aux_loss_coeff is not None else cfg.router_aux_loss_coef) > 0 else "none",
             moe_aux_loss_coeff=cfg.router_aux_loss_coef if aux_loss_coeff is None else aux_loss_coeff,
             moe_grouped_gemm=grouped_gemm,
-            moe_token_dispatcher_type=dispatcher,
             moe_layer_freq=moe_layer_pattern(cfg),
             expert_model_parallel_size=layout.ep,
             expert_tensor_parallel_size=layout.expert_tp,

@@ -1,0 +1,32 @@
+# Two commands: `make demo` and `make test`. Each sets itself up first (a virtual environment
+# in .venv with the pinned versions of requirements/lock.txt, the project installed editable).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup lock clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml requirements/lock.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mcore-dapo demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+lock: $(STAMP)
+	head -2 requirements/lock.txt > requirements/lock.txt.new
+	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' >> requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt
+
+clean:
+	rm -rf $(VENV)

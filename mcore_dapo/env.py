@@ -1,0 +1,89 @@
+"""What this machine has: device, package versions, the patches that apply."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import importlib.util
+import platform
+import sys
+
+PACKAGES = {
+    "torch": ["torch"],
+    "megatron-core": ["megatron-core", "megatron_core"],
+    "transformers": ["transformers"],
+    "verl": ["verl"],
+    "mindspeed": ["mindspeed"],
+    "mindspeed-rl": ["mindspeed-rl", "mindspeed_rl"],
+    "torch_npu": ["torch-npu", "torch_npu"],
+    "vllm": ["vllm"],
+    "vllm-ascend": ["vllm-ascend", "vllm_ascend"],
+    "transformer-engine": ["transformer-engine", "transformer_engine", "transformer-engine-torch"],
+}
+
+
+def _version(names: list[str]) -> str:
+    for n in names:
+        try:
+            return md.version(n)
+        except md.PackageNotFoundError:
+            continue
+    return "absent"
+
+
+def nvidia_apex() -> str:
+    """NVIDIA apex is detected by its fused norms; the registry's `apex` is an unrelated package."""
+    if importlib.util.find_spec("apex") is None:
+        return "absent"
+    try:
+        if importlib.util.find_spec("apex.normalization") is not None:
+            return "present (NVIDIA)"
+    except Exception:
+        pass
+    return "absent (an unrelated `apex` package is installed)"
+
+
+def collect(device: str | None = None) -> dict:
+    from mcore_dapo import __version__
+    from mcore_dapo.devices import detect, get_adapter
+
+    name = device or detect()
+    adapter = get_adapter(name)
+    versions = {k: _version(v) for k, v in PACKAGES.items()}
+    versions["apex"] = nvidia_apex()
+    patches = [
+        {
+            "id": st.id,
+            "package": st.package,
+            "versions": st.versions,
+            "installed": st.installed or "absent",
+            "applies": st.applies,
+            **({"why_not": st.why_not} if st.why_not else {}),
+        }
+        for st in adapter.patch_status()
+    ]
+    return {
+        "mcore_dapo": __version__,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "device": name,
+        "communication_backend": adapter.backend,
+        "versions": versions,
+        "patches": patches,
+    }
+
+
+def render(info: dict) -> str:
+    lines = [
+        f"mcore-dapo {info['mcore_dapo']}  python {info['python']}  {info['platform']}",
+        f"device: {info['device']} (backend {info['communication_backend']})",
+        "",
+        "packages:",
+    ]
+    lines += [f"  {k:20s} {v}" for k, v in info["versions"].items()]
+    lines += ["", f"patches for {info['device']}:"]
+    if not info["patches"]:
+        lines.append("  none")
+    for p in info["patches"]:
+        state = "applies" if p["applies"] else f"does not apply: {p['why_not']}"
+        lines.append(f"  {p['id']:42s} {p['package']} {p['versions']:14s} {state}")
+    return "\n".join(lines)

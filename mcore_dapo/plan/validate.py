@@ -1,0 +1,143 @@
+"""Build the real sharded Megatron model for one or more layouts and compare per-rank parameter counts
+with the planner's prediction.
+
+Run under torchrun, one process per device; the layouts of one launch share its world size and
+are built one after the other (Megatron's parallel state is re-initialised between them)::
+
+    torchrun --nproc-per-node 4 -m mcore_dapo.plan.validate --hf-path MODEL_DIR \\
+        --layouts '[{"tp": 2, "ep": 2}, {"pp": 2, "ep": 2, "first": 1, "last": 3}]'
+
+``--hf-path`` may be repeated; a layout's ``"model": i`` picks the i-th (default 0).
+
+Rank 0 writes the JSON result to ``--out`` (or stdout): for each layout, every rank's
+coordinates, its real dense/expert parameter counts, the predicted ones and whether they agree.
+
+On a GPU node (``--device cuda``, bf16) the same module also reports the memory the runtime
+allocates for the weights, to check the planner's parameter memory; the activation and
+optimizer figures are checked from a training run's ``perf/max_memory_allocated_gb``
+(see docs/PLANNER.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.plan.layouts import PlanLayout
+from mcore_dapo.plan.params import rank_params
+
+LAYOUT_KEYS = ("tp", "pp", "ep", "etp", "cp", "vpp", "first", "last")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.plan.validate")
+    ap.add_argument("--hf-path", required=True, action="append", help="model folder (repeatable)")
+    ap.add_argument("--layouts", required=True, help=f"JSON list of objects with keys among {', '.join(LAYOUT_KEYS)}")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--out", default=None)
+    return ap.parse_args(argv)
+
+
+def plan_layout(d: dict) -> PlanLayout:
+    unknown = set(d) - set(LAYOUT_KEYS) - {"model"}
+    if unknown:
+        raise ValueError(f"unknown layout keys {sorted(unknown)}: accepted are {', '.join(LAYOUT_KEYS)}")
+    lay = Layout(tp=d.get("tp", 1), pp=d.get("pp", 1), ep=d.get("ep", 1), etp=d.get("etp"), cp=d.get("cp", 1),
+                 vpp=d.get("vpp"))
+    return PlanLayout(lay, d.get("first"), d.get("last"))
+
+
+def build_chunks(bridge: Bridge, adapter, pl: PlanLayout, dtype: str):
+    """The model chunks of this rank; the uneven first/last stage sizes go into the TransformerConfig."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer import TransformerConfig
+
+    from mcore_dapo.bridge.megatron_config import gpt_model_kwargs, transformer_config_kwargs
+
+    kw = transformer_config_kwargs(bridge.cfg, pl.layout, dtype=dtype)
+    kw.update(params_dtype=getattr(torch, kw["params_dtype"]), activation_func=F.silu,
+              num_layers_in_first_pipeline_stage=pl.first, num_layers_in_last_pipeline_stage=pl.last)
+    kw["pipeline_dtype"] = kw["params_dtype"]
+    tf = TransformerConfig(**kw)
+    tf.use_cpu_initialization = adapter.name == "cpu"
+    tf.perform_initialization = False
+    chunks = []
+    for vp in range(pl.layout.vpp or 1):
+        vp_stage = vp if pl.layout.vpp else None
+        spec = adapter.layer_spec(tf, vp_stage=vp_stage, pp_rank=ps.get_pipeline_model_parallel_rank())
+        chunks.append(GPTModel(
+            config=tf, transformer_layer_spec=spec, vp_stage=vp_stage,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            **gpt_model_kwargs(bridge.cfg, pl.layout),
+        ))
+    return chunks
+
+
+def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info
+
+    t0 = time.time()
+    bridge = Bridge.from_hf(hf_path, pl.layout)
+    adapter = init_parallel(pl.layout, device)
+    info = parallel_info()
+    chunks = build_chunks(bridge, adapter, pl, dtype)
+    seen, dense, expert = set(), 0, 0
+    for c in chunks:
+        for name, p in c.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if ".mlp.experts." in name:
+                expert += p.numel()
+            else:
+                dense += p.numel()
+    pred = rank_params(bridge.cfg, pl, info.pp_rank)
+    mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense, pred.expert])
+    rows = [torch.zeros_like(mine) for _ in range(info.world_size)]
+    dist.all_gather(rows, mine)
+    del chunks
+    ps.destroy_model_parallel()
+    ranks = [dict(zip(("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted_dense",
+                       "predicted_expert"), (int(x) for x in r.tolist()))) for r in rows]
+    ok = all(r["dense"] == r["predicted_dense"] and r["expert"] == r["predicted_expert"] for r in ranks)
+    return {"layout": pl.describe(), **pl.as_dict(), "world_size": info.world_size, "match": ok,
+            "ranks": ranks, "seconds": round(time.time() - t0, 2)}
+
+
+def main(argv=None) -> int:
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.parallel import shutdown
+
+    a = parse_args(argv)
+    specs = json.loads(a.layouts)
+    layouts = [plan_layout(d) for d in specs]  # every spec checked before any model is built
+    results = []
+    for d, pl in zip(specs, layouts):
+        r = check_layout(a.hf_path[d.get("model", 0)], pl, a.device, a.dtype)
+        results.append({"model": d.get("model", 0), **r})
+    if dist.get_rank() == 0:
+        text = json.dumps({"layouts": results, "all_match": all(r["match"] for r in results)})
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(text)
+        else:
+            print(text)
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""What the planner is asked to fit: the cluster, the DAPO batch, and the training knobs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mcore_dapo.errors import UserError
+from mcore_dapo.plan.devices import DeviceSpec
+
+RECOMPUTE = ("full", "selective", "none")
+OFFLOAD = ("none", "optimizer", "param+optimizer")
+
+
+@dataclass(frozen=True)
+class Workload:
+    device: DeviceSpec
+    nodes: int = 1
+    devices_per_node: int = 8
+    # the guide's DAPO run: 2k prompt, 6k response, 32 prompts x 16 responses, 16k tokens per micro-batch
+    max_prompt: int = 2048
+    max_response: int = 6144
+    micro_batch_tokens: int = 16384  # verl's ppo_max_token_len_per_gpu (dynamic batch size)
+    prompts: int = 32  # data.train_batch_size
+    responses_per_prompt: int = 16  # actor_rollout_ref.rollout.n
+    mean_tokens: int | None = None  # mean prompt+response tokens per sample; None = the maxima (worst case)
+    recompute: str = "full"
+    offload: str = "none"
+    gpu_memory_utilization: float = 0.5  # vLLM's share of the device during rollout (verl's default)
+    efficiency: float = 0.25  # achieved fraction of the peak matmul rate
+    grad_bytes: int = 4  # Megatron's gradient buffer in fp32 for bf16 training
+
+    def __post_init__(self):
+        if self.recompute not in RECOMPUTE:
+            raise UserError(f"recompute={self.recompute!r} is not accepted: accepted are {', '.join(RECOMPUTE)}")
+        if self.offload not in OFFLOAD:
+            raise UserError(f"offload={self.offload!r} is not accepted: accepted are {', '.join(OFFLOAD)}")
+        if not 0.0 <= self.gpu_memory_utilization < 1.0:
+            raise UserError(
+                f"gpu_memory_utilization={self.gpu_memory_utilization} is not accepted: a fraction in [0, 1) is"
+            )
+        if not 0.0 < self.efficiency <= 1.0:
+            raise UserError(f"efficiency={self.efficiency} is not accepted: a fraction in (0, 1] is")
+        for name in ("nodes", "devices_per_node", "max_prompt", "max_response", "micro_batch_tokens",
+                     "prompts", "responses_per_prompt"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise UserError(f"{name}={v!r} is not accepted: a positive integer is")
+        if self.micro_batch_tokens < self.max_prompt + self.max_response:
+            raise UserError(
+                f"micro_batch_tokens={self.micro_batch_tokens} is not accepted: it must hold one whole sample, "
+                f"at least max_prompt + max_response = {self.max_prompt + self.max_response}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    @property
+    def sample_tokens(self) -> int:
+        return self.mean_tokens or (self.max_prompt + self.max_response)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the actor trains on per step (all samples of the batch)."""
+        return self.prompts * self.responses_per_prompt * self.sample_tokens
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["device"] = self.device.name
+        d["world_size"] = self.world_size
+        return d

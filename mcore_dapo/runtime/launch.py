@@ -1,0 +1,39 @@
+"""Start a module under torchrun from Python (tests, demo, tools) and read its JSON result."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def torchrun(module: str, args: list[str], nproc: int, *, timeout: float = 600, env: dict | None = None) -> dict:
+    """Run ``python -m module args --out F`` in ``nproc`` processes; return rank 0's JSON from F."""
+    with tempfile.TemporaryDirectory(prefix="mcore-dapo-run-") as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run",
+            f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+            "-m", module, *args, "--out", str(out),
+        ]
+        full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+                    "PYTHONWARNINGS": "ignore", **(env or {})}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+            raise LaunchError(f"{module} {' '.join(args)} failed with exit code {proc.returncode}:\n{tail}")
+        return json.loads(out.read_text())

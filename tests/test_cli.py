@@ -1,0 +1,49 @@
+"""Command-line behaviour: env report, and one-line errors without tracebacks for user mistakes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", *args], capture_output=True, text=True)
+
+
+def test_env_json_lists_versions_and_patches():
+    out = cli("env", "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["device"] == "cpu" and info["communication_backend"] == "gloo"
+    for pkg in ("torch", "megatron-core", "transformers", "verl", "mindspeed", "torch_npu", "vllm",
+                "vllm-ascend", "transformer-engine", "apex"):
+        assert pkg in info["versions"]
+    assert info["versions"]["megatron-core"] == "0.16.1"
+    assert info["versions"]["torch_npu"] == "absent"
+    ids = {p["id"] for p in info["patches"]}
+    assert "cpu.megatron.torch-cuda-namespace" in ids and all(p["applies"] for p in info["patches"])
+
+
+def test_env_for_another_device_lists_its_patches():
+    out = cli("env", "--json", "--device", "cuda")
+    assert out.returncode == 0 and json.loads(out.stdout)["patches"] == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["env", "--device", "tpu"], "invalid choice: 'tpu'"),
+])
+def test_argparse_errors(args, message):
+    out = cli(*args)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_user_error_is_one_line():
+    from mcore_dapo.cli import user_errors
+    from mcore_dapo.errors import UserError
+
+    @user_errors
+    def f():
+        raise UserError("tp=8 does not divide the 4 KV groups")
+
+    assert f() == 2

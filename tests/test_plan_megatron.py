@@ -1,0 +1,59 @@
+"""The planner's per-rank parameter counts equal those of the real sharded Megatron model.
+
+Three torchrun launches (world sizes 1, 2 and 4), each building its layouts one after the other
+with Megatron's parallel state re-initialised in between. Three tiny Qwen3-MoE models: all-MoE
+(model 0), mixed dense/MoE layers (model 1: layers 0 and 3 dense, so the layer placement of
+pipeline and virtual stages matters), and tied embeddings (model 2).
+"""
+
+import json
+
+import pytest
+
+from mcore_dapo.runtime.launch import torchrun
+
+LAYOUTS = {
+    1: [{}, {"model": 1}, {"model": 2}],
+    2: [
+        {"tp": 2}, {"ep": 2}, {"etp": 2}, {"pp": 2}, {"pp": 2, "vpp": 2},
+        {"pp": 2, "first": 1, "last": 3}, {"pp": 2, "first": 3, "last": 1}, {"cp": 2, "ep": 2},
+        {"model": 1, "pp": 2, "vpp": 2}, {"model": 1, "pp": 2, "first": 1, "last": 3},
+        {"model": 2, "pp": 2}, {"model": 2, "tp": 2},
+    ],
+    4: [
+        {"tp": 4}, {"ep": 4}, {"tp": 2, "ep": 2, "etp": 1}, {"tp": 2, "ep": 2, "etp": 2},
+        {"ep": 2, "etp": 2}, {"pp": 2, "ep": 2}, {"pp": 4}, {"tp": 2, "pp": 2, "vpp": 2},
+        {"pp": 2, "ep": 2, "first": 1, "last": 3}, {"cp": 2, "tp": 2}, {"etp": 4, "ep": 1, "tp": 1},
+        {"model": 1, "pp": 2, "vpp": 2, "ep": 2}, {"model": 1, "pp": 4},
+        {"model": 1, "tp": 2, "pp": 2, "first": 3, "last": 1}, {"model": 2, "pp": 2, "tp": 2},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory):
+    from mcore_dapo.testing.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("plan-models")
+    return [
+        make_tiny_model(root / "moe", seed=0),
+        make_tiny_model(root / "mixed", seed=1, mlp_only_layers=[0, 3]),
+        make_tiny_model(root / "tied", seed=2, tie_word_embeddings=True),
+    ]
+
+
+@pytest.mark.parametrize("world", sorted(LAYOUTS))
+def test_predicted_rank_params_equal_megatron(tiny_models, world):
+    args = [a for m in tiny_models for a in ("--hf-path", str(m))]
+    r = torchrun("mcore_dapo.plan.validate", [*args, "--layouts", json.dumps(LAYOUTS[world])], world, timeout=300)
+    assert len(r["layouts"]) == len(LAYOUTS[world])
+    for lay in r["layouts"]:
+        assert lay["world_size"] == world
+        assert len(lay["ranks"]) == world
+        for rank in lay["ranks"]:
+            assert (rank["dense"], rank["expert"]) == (rank["predicted_dense"], rank["predicted_expert"]), lay
+    assert r["all_match"]
+
+
+def test_at_least_twenty_layouts_are_checked():
+    assert sum(len(v) for v in LAYOUTS.values()) >= 20
