@@ -75,7 +75,7 @@ class NpuAdapter(DeviceAdapter):
         if repatch is None:
             raise MindSpeedOrderError(
                 f"this MindSpeed has no {ADAPTOR}.repatch, so feature flags {sorted(flags)} cannot be "
-                "applied: use a MindSpeed branch that provides repatch (core_r0.13 and later)"
+                "applied: use the MindSpeed branch that matches megatron-core (it provides repatch)"
             )
         repatch(dict(flags))
 
