@@ -26,6 +26,7 @@ import sys
 import time
 
 from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.errors import UserError
 from mcore_dapo.plan.layouts import PlanLayout
 from mcore_dapo.plan.params import rank_params
 
@@ -92,6 +93,9 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     bridge = Bridge.from_hf(hf_path, pl.layout)
     adapter = init_parallel(pl.layout, device)
     info = parallel_info()
+    if adapter.name == "cpu" and pl.layout.cp > 1:
+        raise UserError(f"cp={pl.layout.cp} is not accepted on the CPU: context parallelism needs Transformer "
+                        "Engine attention (a GPU); parameter counts do not depend on CP")
     chunks = build_chunks(bridge, adapter, pl, dtype)
     seen, dense, expert = set(), 0, 0
     for c in chunks:
