@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from mcore_dapo.bridge import HFModelConfig
@@ -61,11 +62,12 @@ def plan(cfg: HFModelConfig, w: Workload, progress=None) -> list[Candidate]:
             f"no legal layout for {w.world_size} devices: the world size must be a multiple of the pipeline, "
             "tensor and expert sizes the model accepts"
         )
-    out = []
+    out, last = [], time.monotonic()
     for i, pl in enumerate(layouts):
         out.append(evaluate(cfg, pl, w))
-        if progress and (i + 1) % 500 == 0:
+        if progress and time.monotonic() - last > 1.0:
             progress(f"evaluated {i + 1}/{len(layouts)} layouts")
+            last = time.monotonic()
     return sorted(out, key=rank_key)
 
 

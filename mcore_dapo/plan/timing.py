@@ -106,9 +106,9 @@ def step_time(cfg: HFModelConfig, pl: PlanLayout, w: Workload) -> StepTime:
     cp = passes * layers * m * (lay.cp - 1) * kv / _bandwidth(lay.tp * lay.cp, w)
     pp = 3 * v * m * act / lay.tp / _bandwidth(world, w) if lay.pp > 1 else 0.0
     worst = max(per_stage(cfg, pl), key=lambda r: r.total)
-    dp_bytes = (w.grad_bytes + 2)  # reduce-scatter the gradients, all-gather the bf16 weights
-    dp = dp_bytes * (_ring(worst.dense, lay.dp(world)) / _bandwidth(world // lay.pp, w)
-                     + _ring(worst.expert, lay.expert_dp(world)) / _bandwidth(world // lay.pp, w))
+    # reduce-scatter the gradients, all-gather the bf16 weights (groups as in memory.optimizer_shard)
+    dense_g, expert_g = lay.dp(world) * lay.cp, lay.expert_dp(world) if lay.ep > 1 else lay.dp(world) * lay.cp
+    dp = (w.grad_bytes + 2) * (_ring(worst.dense, dense_g) + _ring(worst.expert, expert_g)) / _bandwidth(world // lay.pp, w)
     compute = compute_seconds(cfg, w) * stage_imbalance(cfg, pl)
     bubble = compute * (lay.pp - 1) / (v * m) if lay.pp > 1 else 0.0
     return StepTime(compute, bubble, tp, ep, cp, pp, dp, m)

@@ -1,0 +1,143 @@
+"""``mcore-dapo plan``, ``metrics`` and ``compare``: thin handlers over :mod:`mcore_dapo.plan` and
+:mod:`mcore_dapo.metrics`. ``add_commands(sub)`` adds them to the main parser's subcommands."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from mcore_dapo.errors import UserError
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _plan(a) -> int:
+    from mcore_dapo.bridge import load_hf_config
+    from mcore_dapo.plan import Workload, get_device, plan
+    from mcore_dapo.plan.report import as_json, render
+
+    if a.top < 1:
+        raise UserError(f"--top {a.top} is not accepted: a positive number of rows is")
+    cfg = load_hf_config(a.model)
+    w = Workload(
+        get_device(a.device), nodes=a.nodes, devices_per_node=a.devices_per_node, max_prompt=a.max_prompt,
+        max_response=a.max_response, micro_batch_tokens=a.micro_batch_tokens, prompts=a.prompts,
+        responses_per_prompt=a.responses_per_prompt, mean_tokens=a.mean_tokens, recompute=a.recompute,
+        offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
+    )
+    candidates = plan(cfg, w, progress=None if a.json else _progress)
+    if a.json:
+        print(json.dumps(as_json(cfg, w, candidates, a.top), indent=1))
+    else:
+        print(render(cfg, w, candidates, a.top))
+    return 0
+
+
+def _batch(a):
+    from mcore_dapo.metrics import Batch
+
+    return Batch(world_size=a.world_size, prompts=a.prompts, responses_per_prompt=a.responses_per_prompt)
+
+
+def _metrics(a) -> int:
+    from mcore_dapo.metrics import read_run, summarise, with_throughputs
+    from mcore_dapo.metrics.report import render_steps, render_summary
+
+    batch = _batch(a)
+    runs = {log: read_run(log) for log in a.logs}
+    summaries = [summarise(r, batch, a.warmup_steps) for r in runs.values()]
+    steps = {name: with_throughputs(r, batch) for name, r in runs.items()}
+    if a.plot:
+        from mcore_dapo.metrics.plot import plot_runs
+
+        plot_runs(steps, a.plot)
+    if a.json:
+        print(json.dumps({"runs": [{**s, "per_step": steps[s["source"]]} for s in summaries],
+                          "plot": a.plot}, indent=1))
+        return 0
+    for s in summaries:
+        print(render_steps(steps[s["source"]]))
+        print(render_summary(s))
+        print()
+    if a.plot:
+        print(f"plot written to {a.plot}")
+    return 0
+
+
+def _compare(a) -> int:
+    from mcore_dapo.metrics import read_run, summarise
+    from mcore_dapo.metrics.compare import compare, render
+
+    batch = _batch(a)
+    sa, sb = (summarise(read_run(p), batch, a.warmup_steps) for p in (a.a, a.b))
+    rows = compare(sa["median"], sb["median"])
+    if a.json:
+        print(json.dumps({"a": a.a, "b": a.b, "ratio": "B / A", "rows": rows}, indent=1))
+    else:
+        print(render(rows, a.a, a.b))
+    return 0
+
+
+def _throughput_args(p) -> None:
+    p.add_argument("--world-size", type=int, default=None, help="devices of the run (default: from perf/throughput)")
+    p.add_argument("--prompts", type=int, default=None, help="data.train_batch_size, for the guide's formula")
+    p.add_argument("--responses-per-prompt", type=int, default=None, help="actor_rollout_ref.rollout.n")
+    p.add_argument("--warmup-steps", type=int, default=1, help="steps numbered up to this are left out of medians")
+    p.add_argument("--json", action="store_true")
+
+
+def add_commands(sub) -> None:
+    """Add ``plan``, ``metrics`` and ``compare`` to an argparse subparsers object."""
+    p = sub.add_parser("plan", help="rank the TP/PP/EP/ETP/CP/VPP layouts that fit, with verl overrides")
+    p.add_argument("--model", required=True, help="Hugging Face model folder or its config.json")
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--devices-per-node", type=int, required=True)
+    p.add_argument("--device", required=True, help="h100, h200, a100, a2")
+    p.add_argument("--max-prompt", type=int, default=2048)
+    p.add_argument("--max-response", type=int, default=6144)
+    p.add_argument("--micro-batch-tokens", type=int, default=16384, help="verl's ppo_max_token_len_per_gpu")
+    p.add_argument("--prompts", type=int, default=32, help="data.train_batch_size")
+    p.add_argument("--responses-per-prompt", type=int, default=16, help="actor_rollout_ref.rollout.n")
+    p.add_argument("--mean-tokens", type=int, default=None, help="mean sample length (default: the maxima)")
+    p.add_argument("--recompute", default="full", help="full, selective or none")
+    p.add_argument("--offload", default="none", help="none, optimizer or param+optimizer")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
+    p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_plan)
+
+    p = sub.add_parser("metrics", help="throughputs and summaries of verl console logs, with plots")
+    p.add_argument("logs", nargs="+", metavar="LOG", help="log file or Ray session log folder (one run each)")
+    p.add_argument("--plot", default=None, metavar="OUT.png")
+    _throughput_args(p)
+    p.set_defaults(fn=_metrics)
+
+    p = sub.add_parser("compare", help="ratio table B / A of two runs, with which way is better")
+    p.add_argument("a", metavar="A.log")
+    p.add_argument("b", metavar="B.log")
+    _throughput_args(p)
+    p.set_defaults(fn=_compare)
+
+
+def main(argv=None) -> int:
+    """``python -m mcore_dapo.cli.analysis plan|metrics|compare ...`` (the same as ``mcore-dapo ...``)."""
+    import argparse
+
+    from mcore_dapo.cli import user_errors
+
+    ap = argparse.ArgumentParser(prog="mcore-dapo")
+    add_commands(ap.add_subparsers(dest="cmd", required=True))
+
+    @user_errors
+    def run(args) -> int:
+        a = ap.parse_args(args)
+        return a.fn(a)
+
+    return run(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

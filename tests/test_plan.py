@@ -1,0 +1,143 @@
+"""The planner without Megatron: enumeration, Megatron's layer placement, counts, memory, ranking, the CLI."""
+
+import json
+
+import pytest
+
+from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.cli.analysis import main as cli
+from mcore_dapo.errors import UserError
+from mcore_dapo.plan import PlanLayout, Workload, enumerate_layouts, get_device, model_params, plan, rank_params
+from mcore_dapo.plan.memory import estimate_memory
+from mcore_dapo.plan.planner import evaluate
+
+
+@pytest.fixture(scope="module")
+def cfg(reference_config):
+    return load_hf_config(reference_config)
+
+
+def test_model_size_is_the_published_one(cfg):
+    total, active = model_params(cfg)
+    assert round(total / 1e9, 1) == 30.5  # Qwen3-30B-A3B: 30.5B parameters
+    embedding = cfg.vocab_size * cfg.hidden_size
+    assert 3.3 <= (active + embedding) / 1e9 < 3.4  # 3.3B activated
+
+
+def test_the_shards_add_up_to_the_model(cfg):
+    lay = PlanLayout(Layout(tp=1, pp=4, ep=8, etp=1))
+    per_stage = [rank_params(cfg, lay, r) for r in range(4)]
+    total, _ = model_params(cfg)
+    assert sum(p.dense for p in per_stage) + 8 * sum(p.expert for p in per_stage) == total
+
+
+@pytest.mark.parametrize("pp,vpp,first,last,expected", [
+    # Megatron's docstring: 8 layers, 2 stages, 2 virtual stages
+    (2, 2, None, None, [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]),
+    (2, 4, None, None, [[[0], [2], [4], [6]], [[1], [3], [5], [7]]]),
+    (3, None, 2, 2, [[[0, 1]], [[2, 3, 4, 5]], [[6, 7]]]),
+    (3, None, None, 2, [[[0, 1, 2]], [[3, 4, 5]], [[6, 7]]]),
+    (3, 2, 2, 2, [[[0], [4]], [[1, 2], [5, 6]], [[3], [7]]]),
+])
+def test_layer_placement_follows_megatron(pp, vpp, first, last, expected):
+    pl = PlanLayout(Layout(pp=pp, vpp=vpp), first, last)
+    assert [pl.chunks(8, r) for r in range(pp)] == expected
+
+
+def test_every_enumerated_layout_is_legal_and_the_anchors_are_there(cfg):
+    layouts = enumerate_layouts(cfg, 32)
+    for pl in layouts:
+        pl.validate(cfg, 32)
+        assert pl.layout.dp(32) * pl.layout.tp * pl.layout.pp * pl.layout.cp == 32
+    names = {pl.describe() for pl in layouts}
+    for anchor in ("TP1 PP1 EP8 ETP1", "TP4 PP1 EP8 ETP1", "TP4 PP2 EP4 ETP1", "TP2 PP2 EP4 ETP1 VPP2"):
+        assert anchor in names
+    assert any(pl.first is not None for pl in layouts)
+
+
+def test_a_pipeline_that_does_not_divide_the_layers_gets_uneven_stages(cfg):
+    sevens = [pl for pl in enumerate_layouts(cfg, 56) if pl.layout.pp == 7]
+    assert sevens and all(pl.first is not None and pl.last is not None for pl in sevens)
+    for pl in sevens:
+        assert sum(len(c) for r in range(7) for c in pl.chunks(48, r)) == 48
+
+
+def test_optimizer_state_is_sharded_over_data_parallel(cfg):
+    w = Workload(get_device("h100"), nodes=4)
+    small = estimate_memory(cfg, PlanLayout(Layout(tp=2, ep=8, etp=1)), w)[0]  # expert-DP 4
+    big = estimate_memory(cfg, PlanLayout(Layout(tp=2, ep=4, etp=1)), w)[0]  # expert-DP 8
+    assert big.params > small.params  # twice the experts per rank...
+    assert big.optimizer == pytest.approx(small.optimizer, rel=0.05)  # ...sharded over twice the ranks
+
+
+def test_offload_changes_the_rollout_phase_only(cfg):
+    pl = PlanLayout(Layout(tp=2, ep=8, etp=1))
+    none, full = (estimate_memory(cfg, pl, Workload(get_device("a2"), nodes=4, offload=o))[0]
+                  for o in ("none", "param+optimizer"))
+    assert none.update_total == full.update_total
+    assert full.rollout_total == pytest.approx(0.5 * 64.0 + full.overhead)
+    assert none.rollout_total > full.rollout_total
+
+
+def test_recompute_shrinks_activations(cfg):
+    pl = PlanLayout(Layout(tp=2, ep=8, etp=1))
+    acts = {r: estimate_memory(cfg, pl, Workload(get_device("h100"), nodes=4, recompute=r))[0].activations
+            for r in ("none", "selective", "full")}
+    assert acts["full"] < acts["selective"] < acts["none"]
+
+
+def test_ranking_puts_fitting_fast_layouts_first(cfg):
+    ranked = plan(cfg, Workload(get_device("h100"), nodes=4))
+    fits = [c.fits for c in ranked]
+    assert fits.index(False) > 0 and all(fits[: fits.index(False)])
+    fitting = [round(c.time.total_s, 3) for c in ranked if c.fits]
+    assert fitting == sorted(fitting)
+
+
+def test_the_pipeline_bubble_shrinks_with_virtual_stages(cfg):
+    w = Workload(get_device("h100"), nodes=4)
+    plain = evaluate(cfg, PlanLayout(Layout(tp=2, pp=4, ep=4, etp=1)), w).time
+    inter = evaluate(cfg, PlanLayout(Layout(tp=2, pp=4, ep=4, etp=1, vpp=2)), w).time
+    assert inter.bubble_s == pytest.approx(plain.bubble_s / 2)
+
+
+def test_plan_cli_json(reference_config, capsys):
+    assert cli(["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8",
+                "--device", "h200", "--top", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["candidates"]) == 3 and out["best"] == out["candidates"][0]["layout"]
+    assert out["device"]["bf16_tflops"] == 989.0 and "source" in out["device"]
+    over = out["candidates"][0]["overrides"]
+    assert any(o.startswith("actor_rollout_ref.actor.megatron.expert_model_parallel_size=") for o in over)
+
+
+def test_plan_cli_table(reference_config, capsys):
+    assert cli(["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8",
+                "--device", "a2", "--offload", "param+optimizer", "--gpu-memory-utilization", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert "verl overrides for the best layout" in out
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=" in out
+
+
+def test_nothing_fits_says_so(reference_config, capsys):
+    assert cli(["plan", "--model", str(reference_config), "--nodes", "1", "--devices-per-node", "2",
+                "--device", "a2"]) == 0
+    assert "no layout fits" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--device", "tpu9"], "device='tpu9' is not known: accepted are h100, h200"),
+    (["--device", "h100", "--recompute", "some"], "recompute='some' is not accepted: accepted are full"),
+    (["--device", "h100", "--offload", "grads"], "offload='grads' is not accepted"),
+    (["--device", "h100", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5 is not accepted"),
+    (["--device", "h100", "--micro-batch-tokens", "100"], "micro_batch_tokens=100 is not accepted"),
+])
+def test_bad_plan_input_is_one_line(reference_config, capsys, args, needle):
+    assert cli(["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8", *args]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_unknown_device_raises_user_error():
+    with pytest.raises(UserError, match="accepted are"):
+        get_device("tpu9")
