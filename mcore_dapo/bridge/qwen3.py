@@ -51,3 +51,35 @@ def qwen3_table(tie_word_embeddings: bool) -> list:
     if not tie_word_embeddings:
         table = table + [OUTPUT]
     return table
+
+
+def hf_shapes(cfg) -> dict[str, tuple[int, ...]]:
+    """Every HF tensor of a Qwen3(-MoE) checkpoint with the shape its config implies, in checkpoint order."""
+    h, d = cfg.hidden_size, cfg.head_dim
+    out = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for layer in range(cfg.num_layers):
+        p = f"model.layers.{layer}."
+        out[p + "input_layernorm.weight"] = (h,)
+        out[p + "self_attn.q_proj.weight"] = (cfg.num_attention_heads * d, h)
+        out[p + "self_attn.k_proj.weight"] = (cfg.num_key_value_heads * d, h)
+        out[p + "self_attn.v_proj.weight"] = (cfg.num_key_value_heads * d, h)
+        out[p + "self_attn.q_norm.weight"] = (d,)
+        out[p + "self_attn.k_norm.weight"] = (d,)
+        out[p + "self_attn.o_proj.weight"] = (h, cfg.num_attention_heads * d)
+        out[p + "post_attention_layernorm.weight"] = (h,)
+        if cfg.is_moe_layer(layer):
+            out[p + "mlp.gate.weight"] = (cfg.num_experts, h)
+            f = cfg.moe_intermediate_size
+            for e in range(cfg.num_experts):
+                out[p + f"mlp.experts.{e}.gate_proj.weight"] = (f, h)
+                out[p + f"mlp.experts.{e}.up_proj.weight"] = (f, h)
+                out[p + f"mlp.experts.{e}.down_proj.weight"] = (h, f)
+        else:
+            f = cfg.intermediate_size
+            out[p + "mlp.gate_proj.weight"] = (f, h)
+            out[p + "mlp.up_proj.weight"] = (f, h)
+            out[p + "mlp.down_proj.weight"] = (h, f)
+    out["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = (cfg.vocab_size, h)
+    return out

@@ -32,6 +32,7 @@ def parse_args(argv=None):
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--vocab-divisible-by", type=int, default=None)
+    ap.add_argument("--mcore-path", default=None, help="load this torch_dist checkpoint instead of the HF weights")
     ap.add_argument("--backward", action="store_true", help="also run a training forward+backward")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -53,8 +54,21 @@ def run(a) -> dict:
     info = parallel_info()
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
                              make_vocab_size_divisible_by=a.vocab_divisible_by)
-    with HFReader(a.hf_path) as reader:
-        loaded = load_hf_weights(chunks, bridge, reader, info)
+    if a.mcore_path:
+        from megatron.core import dist_checkpointing
+
+        from mcore_dapo.convert.hf2mcore import sharded_state_dict
+
+        state = dist_checkpointing.load(sharded_state_dict(chunks), a.mcore_path)
+        if len(chunks) == 1:
+            chunks[0].load_state_dict(state, strict=True)
+        else:
+            for i, c in enumerate(chunks):
+                c.load_state_dict(state[f"model{i}"], strict=True)
+        loaded = sum(1 for c in chunks for _ in c.parameters())
+    else:
+        with HFReader(a.hf_path) as reader:
+            loaded = load_hf_weights(chunks, bridge, reader, info)
     ref = torch.load(a.reference)
     tokens, ref_logits = ref["tokens"], ref["logits"].float()
     for c in chunks:

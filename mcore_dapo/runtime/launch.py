@@ -21,8 +21,12 @@ class LaunchError(RuntimeError):
     pass
 
 
-def torchrun(module: str, args: list[str], nproc: int, *, timeout: float = 600, env: dict | None = None) -> dict:
-    """Run ``python -m module args --out F`` in ``nproc`` processes; return rank 0's JSON from F."""
+def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None = 600, env: dict | None = None,
+             stream: bool = False) -> dict:
+    """Run ``python -m module args --out F`` in ``nproc`` processes; return rank 0's JSON from F.
+
+    ``stream``: let the processes write to this terminal (progress bars) instead of capturing.
+    """
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-run-") as tmp:
         out = Path(tmp) / "result.json"
         cmd = [
@@ -32,8 +36,8 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float = 600, 
         ]
         full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     "PYTHONWARNINGS": "ignore", **(env or {})}
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)
+        proc = subprocess.run(cmd, capture_output=not stream, text=True, timeout=timeout, env=full_env)
         if proc.returncode != 0 or not out.is_file():
-            tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
+            tail = "" if stream else "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
             raise LaunchError(f"{module} {' '.join(args)} failed with exit code {proc.returncode}:\n{tail}")
         return json.loads(out.read_text())

@@ -68,15 +68,16 @@ def tiny_prompts(vocab_size: int, batch: int = 2, seq: int = 16, seed: int = 123
     return torch.randint(0, vocab_size, (batch, seq), generator=g)
 
 
-def hf_reference_logits(hf_path: str | Path, tokens):
-    """Logits of the HF transformers model, float32, eager attention. Run in a clean process."""
+def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
+    """Logits of the HF transformers model (eager attention), as float32. Run in a clean process."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=getattr(torch, dtype),
+                                                 attn_implementation="eager")
     model.eval()
     with torch.no_grad():
-        return model(input_ids=tokens).logits
+        return model(input_ids=tokens).logits.float()
 
 
 def main(argv=None) -> int:
@@ -92,13 +93,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = ap.parse_args(argv)
     if a.what == "model":
         make_tiny_model(a.path, seed=a.seed)
         return 0
     vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
     tokens = tiny_prompts(vocab, a.batch, a.seq)
-    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens)}, a.out)
+    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens, a.dtype)}, a.out)
     return 0
 
 

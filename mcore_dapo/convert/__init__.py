@@ -1,0 +1,1 @@
+"""Checkpoint conversion: HF safetensors <-> Megatron torch_dist, for any TP/PP/EP/ETP layout."""

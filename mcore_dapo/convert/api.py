@@ -1,0 +1,132 @@
+"""The conversions as library functions: checks first, workers under torchrun, output moved into place last."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.convert import output
+from mcore_dapo.convert.hf2mcore import copy_hf_side_files
+from mcore_dapo.convert.preflight import check_hf_checkpoint
+from mcore_dapo.errors import UserError
+from mcore_dapo.runtime.launch import LaunchError, torchrun
+
+DTYPES = ("auto", "bf16", "fp16", "fp32")
+
+
+def _nproc(layout: Layout, nproc: int | None) -> int:
+    n = nproc or layout.min_world_size()
+    if n < 1:
+        raise UserError(f"nproc={n} is not accepted: a positive integer is")
+    layout.validate(world_size=n)
+    return n
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *, nproc: int | None = None,
+             dtype: str = "auto", overwrite: bool = False, progress: bool = True) -> dict:
+    """Convert an HF checkpoint folder to a torch_dist checkpoint at ``out``; returns the manifest."""
+    if dtype not in DTYPES:
+        raise UserError(f"dtype={dtype!r} is not accepted: accepted are {', '.join(DTYPES)}")
+    hf_path = Path(hf_path)
+    bridge = Bridge.from_hf(hf_path, layout)
+    out = output.check_output(out, overwrite)
+    summary = check_hf_checkpoint(hf_path, bridge)
+    n = _nproc(layout, nproc)
+    partial = output.partial_dir(out)
+    partial.mkdir()
+    try:
+        args = ["--hf-path", str(hf_path), "--partial", str(partial), "--tp", str(layout.tp), "--pp",
+                str(layout.pp), "--ep", str(layout.ep), "--dtype", dtype]
+        if layout.etp is not None:
+            args += ["--etp", str(layout.etp)]
+        if progress:
+            args.append("--progress")
+        try:
+            r = torchrun("mcore_dapo.convert.hf2mcore", args, n, timeout=None, stream=progress)
+        except LaunchError as e:
+            raise UserError(f"hf2mcore failed: {str(e).splitlines()[0]}") from None
+        copy_hf_side_files(hf_path, partial / output.HF_CONFIG_DIR)
+        manifest = {
+            "kind": "megatron-torch_dist",
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "source": {"hf_path": str(hf_path.absolute()), "config_sha256": _sha256(hf_path / "config.json"),
+                       "files": summary["files"], "bytes": summary["bytes"]},
+            "layout_written": layout.as_dict(),
+            "nproc": n,
+            "dtype": r["dtype"],
+            "model_type": bridge.cfg.model_type,
+            "tensor_count": r["tensors"],
+            "checksums": r["checksums"],
+            "seconds": r["seconds"],
+        }
+        output.write_manifest(partial, manifest)
+        output.finish(partial, out, overwrite)
+        return manifest
+    except BaseException:
+        output.discard(partial)
+        raise
+
+
+def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path | None = None,
+             nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
+    """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
+    from mcore_dapo.convert.mcore2hf import finalize_shards
+
+    mcore_path = Path(mcore_path)
+    manifest = None
+    if (mcore_path / output.MANIFEST).is_file() or hf_config is None:
+        manifest = output.read_manifest(mcore_path)
+    config_dir = Path(hf_config) if hf_config else mcore_path / output.HF_CONFIG_DIR
+    bridge = Bridge.from_hf(config_dir)
+    dtype = dtype or (manifest or {}).get("dtype", "bf16")
+    out = output.check_output(out, overwrite)
+    if nproc < 1:
+        raise UserError(f"nproc={nproc} is not accepted: a positive integer is")
+    partial = output.partial_dir(out)
+    partial.mkdir()
+    try:
+        args = ["--mcore-path", str(mcore_path), "--hf-config", str(config_dir), "--partial", str(partial),
+                "--dtype", dtype]
+        if progress:
+            args.append("--progress")
+        try:
+            r = torchrun("mcore_dapo.convert.mcore2hf", args, nproc, timeout=None, stream=progress)
+        except LaunchError as e:
+            raise UserError(f"mcore2hf failed: {str(e).splitlines()[0]}") from None
+        expected = bridge.hf_names()
+        if set(r["checksums"]) != set(expected):
+            raise RuntimeError(f"mcore2hf wrote {len(r['checksums'])} tensors, the model has {len(expected)}")
+        mismatched = []
+        if manifest is not None:
+            mismatched = [k for k, v in manifest["checksums"].items() if r["checksums"].get(k) != v]
+        from mcore_dapo.bridge.qwen3 import hf_shapes
+
+        finalize_shards(partial, r["parts"], list(hf_shapes(bridge.cfg)))
+        copy_hf_side_files(config_dir, partial)
+        output.finish(partial, out, overwrite)
+        return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
+                "seconds": r["seconds"], "checked_against_manifest": manifest is not None,
+                "checksum_mismatches": mismatched}
+    except BaseException:
+        output.discard(partial)
+        raise
+
+
+def default_verify_layout(manifest: dict | None) -> Layout:
+    if manifest:
+        lw = manifest["layout_written"]
+        return Layout(tp=lw["tp"], pp=lw["pp"], ep=lw["ep"], etp=lw["etp"])
+    return Layout()
+
+
+__all__ = ["hf2mcore", "mcore2hf", "default_verify_layout", "DTYPES", "os", "json"]

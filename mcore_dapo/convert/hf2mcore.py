@@ -1,0 +1,134 @@
+"""HF safetensors -> Megatron torch_dist checkpoint, loadable under any TP/PP/EP/ETP.
+
+Each process builds only its shard of the model (``perform_initialization=False``) and reads
+only the HF tensors of that shard, lazily, from the safetensors files; the HF model is never
+built. Megatron's ``dist_checkpointing.save`` then writes the torch_dist format, whose keys
+carry the global layer and expert axes, so the checkpoint is independent of the layout that
+wrote it. Run standalone (``mcore-convert hf2mcore --nproc N`` starts the processes) or under
+torchrun (``torchrun --nproc-per-node N -m mcore_dapo.convert.hf2mcore ...``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.convert import output
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
+                   "special_tokens_map.json", "generation_config.json", "added_tokens.json")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.convert.hf2mcore")
+    ap.add_argument("--hf-path", required=True)
+    ap.add_argument("--partial", required=True, help="the hidden folder to write into")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=None)
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--out", default=None, help="JSON result file (rank 0)")
+    return ap.parse_args(argv)
+
+
+def checkpoint_dtype(reader) -> str:
+    names = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
+    found = {reader.dtype(n) for n in list(reader.keys())[:8]}
+    if len(found) != 1 or next(iter(found)) not in names:
+        return "bf16"
+    return names[found.pop()]
+
+
+def sharded_state_dict(chunks) -> dict:
+    if len(chunks) == 1:
+        return chunks[0].sharded_state_dict()
+    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def run(a) -> dict:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from tqdm import tqdm
+
+    from mcore_dapo.io.hf_reader import HFReader
+    from mcore_dapo.runtime.model import build_model, local_params
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info
+
+    t0 = time.time()
+    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    bridge = Bridge.from_hf(a.hf_path, layout)
+    adapter = init_parallel(layout, "cpu")
+    info = parallel_info()
+    partial = Path(a.partial)
+    reader = HFReader(a.hf_path)
+    dtype = checkpoint_dtype(reader) if a.dtype == "auto" else a.dtype
+    chunks, _ = build_model(bridge, adapter, dtype=dtype)
+    params = list(local_params(chunks, bridge, info))
+    sums: dict[str, str] = {}
+    read_bytes = 0
+    bar = tqdm(params, desc="hf2mcore", unit="tensor", disable=not (a.progress and info.rank == 0), file=sys.stderr)
+    with torch.no_grad():
+        for lp in bar:
+            m = lp.resolved.mapping
+            rank, size = info.group_rank(m.group)
+            hf = [reader.get(h) for h in lp.resolved.hf]
+            read_bytes += sum(t.numel() * t.element_size() for t in hf)
+            shard = m.to_megatron(hf, rank, size, bridge.dims)
+            if tuple(shard.shape) != tuple(lp.param.shape):
+                raise RuntimeError(f"{lp.resolved.megatron}: shard {tuple(shard.shape)} vs param {tuple(lp.param.shape)}")
+            lp.param.data.copy_(shard.to(lp.param.dtype))
+            # the first rank of each split group records the checksums (replicas agree: same bytes)
+            if rank == 0:
+                for name, t in zip(lp.resolved.hf, hf):
+                    sums[name] = output.checksum(t)
+    reader.close()
+    bar.close()
+    t_read = time.time() - t0
+    dist_checkpointing.save(sharded_state_dict(chunks), str(partial))
+    gathered = [None] * info.world_size
+    dist.all_gather_object(gathered, {"sums": sums, "read_bytes": read_bytes})
+    result = {"seconds_read": round(t_read, 3), "seconds": round(time.time() - t0, 3), "dtype": dtype}
+    if info.rank == 0:
+        all_sums = {}
+        for g in gathered:
+            all_sums.update(g["sums"])
+        missing = set(bridge.hf_names()) - set(all_sums)
+        if missing:
+            raise RuntimeError(f"no rank converted {sorted(missing)[:3]}")
+        result.update(tensors=len(all_sums), bytes_read=sum(g["read_bytes"] for g in gathered),
+                      checksums=all_sums)
+    dist.barrier()
+    return result
+
+
+def main(argv=None) -> int:
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.parallel import shutdown
+
+    a = parse_args(argv)
+    result = run(a)
+    if dist.get_rank() == 0 and a.out:
+        Path(a.out).write_text(json.dumps(result))
+    shutdown()
+    return 0
+
+
+def copy_hf_side_files(hf_path: Path, dest: Path) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(hf_path / "config.json", dest / "config.json")
+    for f in TOKENIZER_FILES:
+        if (hf_path / f).is_file():
+            shutil.copy2(hf_path / f, dest / f)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

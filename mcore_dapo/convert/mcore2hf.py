@@ -1,0 +1,153 @@
+"""Megatron torch_dist checkpoint -> HF safetensors shards with index and config.
+
+N processes load the checkpoint with Megatron's ``dist_checkpointing`` under TP1/PP1/EP
+(EP as large as divides both N and the experts), so each holds 1/N of the experts and no
+tensor needs a gather. Each process writes the HF tensors it owns (its experts; a
+round-robin share of the replicated ones) through the bridge's ``to_hf``; rank 0 names the
+shards ``model-0000i-of-0000n.safetensors`` and writes the index.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.convert import output
+
+SHARD_BYTES = 4 << 30
+
+
+def export_layout(num_experts: int, nproc: int) -> Layout:
+    return Layout(ep=math.gcd(num_experts, nproc) if num_experts else 1)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.convert.mcore2hf")
+    ap.add_argument("--mcore-path", required=True)
+    ap.add_argument("--hf-config", required=True, help="folder with the model's config.json")
+    ap.add_argument("--partial", required=True)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--shard-bytes", type=int, default=SHARD_BYTES)
+    ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--out", default=None)
+    return ap.parse_args(argv)
+
+
+def _owned(chunks, bridge, info):
+    """(resolved, param) pairs this rank writes: its experts, and its share of the replicated tensors."""
+    from megatron.core import parallel_state as ps
+
+    from mcore_dapo.runtime.model import local_params
+
+    edp, edp_rank = ps.get_expert_data_parallel_world_size(), ps.get_expert_data_parallel_rank()
+    out = []
+    for i, lp in enumerate(local_params(chunks, bridge, info)):
+        if lp.resolved.expert is not None:
+            if lp.resolved.expert % edp == edp_rank:
+                out.append(lp)
+        elif i % info.dp_size == info.dp_rank:
+            out.append(lp)
+    return out
+
+
+def run(a) -> dict:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from safetensors.torch import save_file
+    from tqdm import tqdm
+
+    from mcore_dapo.convert.hf2mcore import sharded_state_dict
+    from mcore_dapo.runtime.model import build_model
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info
+
+    t0 = time.time()
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    cfg_bridge = Bridge.from_hf(a.hf_config)
+    layout = export_layout(cfg_bridge.cfg.num_experts, world)
+    bridge = Bridge(cfg_bridge.cfg, layout)
+    adapter = init_parallel(layout, "cpu")
+    info = parallel_info()
+    chunks, _ = build_model(bridge, adapter, dtype=a.dtype)
+    state = dist_checkpointing.load(sharded_state_dict(chunks), a.mcore_path)
+    chunks[0].load_state_dict(state, strict=True)  # the export layout has no virtual stages
+    t_load = time.time() - t0
+    partial = Path(a.partial)
+    files, current, size, sums, written = [], {}, 0, {}, 0
+
+    def flush():
+        nonlocal current, size
+        if current:
+            fname = f"rank{info.rank:05d}-{len(files):05d}.safetensors"
+            save_file(current, str(partial / fname), metadata={"format": "pt"})
+            files.append({"file": fname, "names": list(current)})
+            current, size = {}, 0
+
+    owned = _owned(chunks, bridge, info)
+    bar = tqdm(owned, desc="mcore2hf", unit="tensor", disable=not (a.progress and info.rank == 0), file=sys.stderr)
+    with torch.no_grad():
+        for lp in bar:
+            tensors = lp.resolved.mapping.to_hf([lp.param.detach()], bridge.dims)
+            for name, t in zip(lp.resolved.hf, tensors):
+                t = t.contiguous().clone()
+                sums[name] = output.checksum(t)
+                nbytes = t.numel() * t.element_size()
+                if size and size + nbytes > a.shard_bytes:
+                    flush()
+                current[name] = t
+                size += nbytes
+                written += nbytes
+    flush()
+    bar.close()
+    gathered = [None] * info.world_size
+    dist.all_gather_object(gathered, {"files": files, "sums": sums, "bytes": written})
+    result = {"seconds_load": round(t_load, 3), "seconds": round(time.time() - t0, 3)}
+    if info.rank == 0:
+        result.update(parts=[f for g in gathered for f in g["files"]],
+                      checksums={k: v for g in gathered for k, v in g["sums"].items()},
+                      bytes_written=sum(g["bytes"] for g in gathered), layout=layout.describe())
+    dist.barrier()
+    return result
+
+
+def finalize_shards(partial: Path, parts: list[dict], order: list[str]) -> dict:
+    """Rename the ranks' part files to HF shard names (in HF tensor order) and write the index."""
+    from safetensors import safe_open
+
+    pos = {n: i for i, n in enumerate(order)}
+    parts = sorted(parts, key=lambda p: min(pos[n] for n in p["names"]))
+    weight_map, total = {}, 0
+    for i, p in enumerate(parts):
+        name = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+        (partial / p["file"]).rename(partial / name)
+        with safe_open(str(partial / name), framework="pt") as f:
+            for k in f.keys():
+                weight_map[k] = name
+                sl = f.get_slice(k)
+                total += math.prod(sl.get_shape()) * {"F32": 4, "BF16": 2, "F16": 2}[sl.get_dtype()]
+    index = {"metadata": {"total_size": total},
+             "weight_map": {k: weight_map[k] for k in sorted(weight_map, key=lambda n: pos[n])}}
+    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return index
+
+
+def main(argv=None) -> int:
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.parallel import shutdown
+
+    a = parse_args(argv)
+    result = run(a)
+    if dist.get_rank() == 0 and a.out:
+        Path(a.out).write_text(json.dumps(result))
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Outputs that appear only when complete, and the manifest a finished checkpoint carries.
+
+A conversion writes into a hidden sibling folder ``.<name>.partial-<id>``; only when every
+rank has finished is the manifest written there and the folder renamed to its final name.
+An interrupted run leaves at most a ``.partial`` folder, never a finished-looking checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+import zlib
+from pathlib import Path
+
+import torch
+
+from mcore_dapo.errors import UserError
+
+MANIFEST = "mcore_dapo_manifest.json"
+FORMAT = "mcore-dapo/torch_dist/1"
+HF_CONFIG_DIR = "hf_config"
+
+
+def check_output(out: str | Path, overwrite: bool) -> Path:
+    """Refuse an existing output (unless overwrite) or an unwritable parent; return the absolute path."""
+    out = Path(out).absolute()
+    if out.exists() and not overwrite:
+        raise UserError(f"output {str(out)!r} already exists: pass --overwrite to replace it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output {str(out)!r} exists and is not a folder")
+    parent = out.parent
+    if not parent.is_dir():
+        raise UserError(f"output folder's parent {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"output folder {str(out)!r} is not writable (no write permission on {str(parent)!r})")
+    return out
+
+
+def partial_dir(out: Path, run_id: str | None = None) -> Path:
+    return out.parent / f".{out.name}.partial-{run_id or uuid.uuid4().hex[:12]}"
+
+
+def finish(partial: Path, out: Path, overwrite: bool) -> None:
+    """Move a complete ``partial`` folder to ``out`` (replacing it when ``overwrite``)."""
+    old = None
+    if out.exists():
+        if not overwrite:
+            raise UserError(f"output {str(out)!r} appeared while converting: pass --overwrite to replace it")
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        out.rename(old)
+    partial.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def discard(partial: Path) -> None:
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def checksum(t: torch.Tensor) -> str:
+    """crc32 of the tensor's bytes (dtype and layout as stored)."""
+    data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def write_manifest(folder: Path, manifest: dict) -> None:
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, **manifest}, indent=1, sort_keys=True))
+    tmp.rename(folder / MANIFEST)
+
+
+def read_manifest(folder: str | Path) -> dict:
+    p = Path(folder) / MANIFEST
+    if not Path(folder).is_dir():
+        raise UserError(f"Megatron checkpoint folder {str(folder)!r} does not exist")
+    if not p.is_file():
+        raise UserError(
+            f"{str(folder)!r} has no {MANIFEST}: not a finished mcore-dapo checkpoint "
+            "(an interrupted conversion, or written by another tool)"
+        )
+    m = json.loads(p.read_text())
+    if m.get("format") != FORMAT:
+        raise UserError(f"{p} has format {m.get('format')!r}: accepted is {FORMAT!r}")
+    return m
