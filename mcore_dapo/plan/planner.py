@@ -71,9 +71,9 @@ def plan(cfg: HFModelConfig, w: Workload, progress=None) -> list[Candidate]:
     return sorted(out, key=rank_key)
 
 
-def verl_overrides(c: Candidate, w: Workload) -> list[str]:
-    """Hydra overrides of verl's Megatron actor (and reference) for this layout and workload."""
-    lay = c.layout.layout
+def layout_overrides(pl: PlanLayout) -> list[str]:
+    """Hydra overrides of verl's Megatron actor and reference for a layout alone."""
+    lay = pl.layout
     sizes = {
         "tensor_model_parallel_size": lay.tp,
         "pipeline_model_parallel_size": lay.pp,
@@ -83,11 +83,19 @@ def verl_overrides(c: Candidate, w: Workload) -> list[str]:
         "expert_tensor_parallel_size": lay.expert_tp,
     }
     out = [f"actor_rollout_ref.{role}.megatron.{k}={v}" for role in ("actor", "ref") for k, v in sizes.items()]
+    for role in ("actor", "ref"):
+        tc = f"+actor_rollout_ref.{role}.megatron.override_transformer_config"
+        if pl.first is not None:
+            out.append(f"{tc}.num_layers_in_first_pipeline_stage={pl.first}")
+        if pl.last is not None:
+            out.append(f"{tc}.num_layers_in_last_pipeline_stage={pl.last}")
+    return out
+
+
+def verl_overrides(c: Candidate, w: Workload) -> list[str]:
+    """Hydra overrides of verl's Megatron actor (and reference) for this layout and workload."""
+    out = layout_overrides(c.layout)
     tc = "+actor_rollout_ref.actor.megatron.override_transformer_config"
-    if c.layout.first is not None:
-        out.append(f"{tc}.num_layers_in_first_pipeline_stage={c.layout.first}")
-    if c.layout.last is not None:
-        out.append(f"{tc}.num_layers_in_last_pipeline_stage={c.layout.last}")
     if w.recompute == "full":
         out += [f"{tc}.recompute_granularity=full", f"{tc}.recompute_method=uniform", f"{tc}.recompute_num_layers=1"]
     elif w.recompute == "selective":

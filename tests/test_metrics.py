@@ -1,0 +1,128 @@
+"""verl console metrics: parsing (prefixes, malformed lines, Ray folders), the guide's throughputs,
+summaries, comparison and plots."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mcore_dapo.cli.analysis import main as cli
+from mcore_dapo.errors import UserError
+from mcore_dapo.metrics import Batch, parse_line, read_run, summarise, with_throughputs
+from mcore_dapo.metrics.compare import HIGHER, LOWER, compare
+
+REPO = Path(__file__).resolve().parent.parent
+FIX = REPO / "tests" / "fixtures" / "metrics"
+GUIDE_LOG = REPO.parent / "shared" / "seed" / "a2-fsdp-step9.log"
+
+
+@pytest.fixture(scope="module")
+def guide_log() -> Path:
+    if not GUIDE_LOG.is_file():
+        pytest.skip("the guide's step-9 log (../shared/seed/a2-fsdp-step9.log) is not beside the repository")
+    return GUIDE_LOG
+
+
+def test_guide_e2e_tps_equals_the_logged_throughput(guide_log):
+    run = read_run(guide_log)
+    m = with_throughputs(run, Batch())[9]  # world size solved from perf/throughput
+    assert m["e2e_tps"] == pytest.approx(m["perf/throughput"], rel=1e-12)
+    assert round(m["e2e_tps"], 2) == 251.87
+
+
+def test_guide_formula_with_the_batch_sizes_gives_the_same(guide_log):
+    # the guide's run: train_batch_size 32, n 16, 4 nodes x 8 devices
+    m = with_throughputs(read_run(guide_log), Batch(world_size=32, prompts=32, responses_per_prompt=16))[9]
+    assert m["e2e_tps"] == pytest.approx(m["perf/throughput"], rel=1e-12)
+    assert m["update_tps"] == pytest.approx(m["e2e_tps"] * m["timing_s/step"] / m["timing_s/update_actor"])
+    assert m["vllm_tps"] == pytest.approx(m["e2e_tps"] * m["timing_s/step"] / m["timing_s/gen"])
+
+
+def test_prefixed_coloured_lines_are_read_and_malformed_ones_counted():
+    run = read_run(FIX / "ray_run.log")
+    assert sorted(run.steps) == [1, 2, 3, 4, 5]
+    assert run.malformed == 2
+    assert run.steps[3]["timing_s/update_actor"] == 20.0
+
+
+@pytest.mark.parametrize("line,expected", [
+    ("step:3 - a/b:1.5 - c:2", (3, {"a/b": 1.5, "c": 2.0})),
+    ("(WorkerDict pid=9) step:12 - x:1e-3", (12, {"x": 1e-3})),
+    ("global_step: 4 saved", None),
+    ("no metrics here", None),
+    ("step:three - x:1", "malformed"),
+    ("step:3 - x", "malformed"),
+    ("step:3 - x:abc", "malformed"),  # no numeric value at all
+])
+def test_parse_line(line, expected):
+    assert parse_line(line) == expected
+
+
+def test_a_ray_session_folder_is_searched_and_repeated_steps_kept_once():
+    run = read_run(FIX / "ray_session")
+    assert sorted(run.steps) == [1, 2, 3, 4]
+    assert run.duplicates == 1
+    assert len(run.files) == 2  # the driver log and the worker's .out; gcs_server.out has no metric lines
+
+
+def test_world_size_comes_from_perf_throughput():
+    s = summarise(read_run(FIX / "ray_run.log"))
+    assert s["tokens_from"] == "perf/total_num_tokens / world size"
+    assert s["median"]["e2e_tps"] == pytest.approx(s["median"]["perf/throughput"])
+
+
+def test_summary_leaves_warm_up_out():
+    run = read_run(FIX / "ray_run.log")
+    s = summarise(run, warmup_steps=2)
+    assert s["steps_summarised"] == [3, 4, 5]
+    assert s["median"]["response_length/mean"] == run.steps[4]["response_length/mean"]
+    assert summarise(run, warmup_steps=9)["warmup_fallback"] is True
+
+
+def test_compare_states_directions():
+    a = summarise(read_run(FIX / "ray_run.log"))["median"]
+    b = summarise(read_run(FIX / "run_b.log"))["median"]
+    rows = {r["key"]: r for r in compare(a, b)}
+    assert rows["timing_s/step"]["direction"] == LOWER and rows["e2e_tps"]["direction"] == HIGHER
+    assert rows["timing_s/update_actor"]["ratio"] == pytest.approx(b["timing_s/update_actor"] / a["timing_s/update_actor"])
+    faster = "B better" if b["timing_s/step"] < a["timing_s/step"] else "A better"
+    assert rows["timing_s/step"]["verdict"] == rows["e2e_tps"]["verdict"] == faster
+
+
+def test_metrics_cli_json_and_plot(tmp_path, capsys):
+    png = tmp_path / "m.png"
+    assert cli(["metrics", str(FIX / "ray_run.log"), str(FIX / "run_b.log"), "--json", "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["malformed_lines"] for r in out["runs"]] == [2, 0]
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20000
+
+
+def test_metrics_cli_text(capsys):
+    assert cli(["metrics", str(FIX / "ray_session"), "--world-size", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "e2e_tps" in out and "4 steps (1..4) from 2 file(s)" in out
+
+
+def test_compare_cli(capsys):
+    assert cli(["compare", str(FIX / "ray_run.log"), str(FIX / "run_b.log")]) == 0
+    out = capsys.readouterr().out
+    assert "ratio = B / A" in out and "lower is better" in out and "higher is better" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["metrics", str(FIX / "no_metrics.log")], "no verl metric lines"),
+    (["metrics", str(FIX / "missing.log")], "does not exist"),
+    (["metrics", str(FIX / "ray_run.log"), "--world-size", "0"], "world_size=0 is not accepted"),
+    (["metrics", str(FIX / "ray_run.log"), "--warmup-steps", "-1"], "warmup_steps=-1 is not accepted"),
+])
+def test_bad_input_is_one_line(capsys, args, needle):
+    assert cli(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
+
+
+def test_an_empty_log_is_a_user_error(tmp_path):
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    with pytest.raises(UserError, match="accepted are verl console logs"):
+        read_run(empty)
