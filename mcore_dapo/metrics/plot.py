@@ -82,3 +82,41 @@ def plot_runs(runs: dict[str, dict[int, dict]], out: str | Path) -> Path:
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def plot_sweep(rows: list[dict], out: str | Path, title: str = "layout sweep") -> Path:
+    """Two bars per layout (median e2e_tps and update_tps); a run that did not finish is labelled with its
+    status, and the steps it did before stopping are drawn faint."""
+    plt = _pyplot()
+    names = [r["name"] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(rows) + 3), 4.8), constrained_layout=True)
+    xs = range(len(rows))
+    width = 0.38
+    e2e = [r.get("e2e_tps") or 0.0 for r in rows]
+    upd = [r.get("update_tps") or 0.0 for r in rows]
+    ok = [r["status"] == "ok" for r in rows]
+    for shift, vals, label, color in ((-width / 2, e2e, "e2e_tps (median)", "tab:blue"),
+                                      (width / 2, upd, "update_tps (median)", "tab:orange")):
+        bars = ax.bar([x + shift for x in xs], vals, width, label=label, color=color)
+        for bar, good in zip(bars, ok):
+            if not good:  # steps done before the run failed: drawn faint
+                bar.set_alpha(0.35)
+                bar.set_hatch("//")
+    top = max(e2e + upd + [1.0])
+    for x, r, a, b in zip(xs, rows, e2e, upd):
+        if r["status"] != "ok":
+            color = "tab:red" if r["status"] in ("oom", "failed", "timeout") else "0.3"
+            ax.text(x, max(a, b) + 0.02 * top, r["status"].upper(), ha="center", va="bottom", color=color,
+                    fontsize=9, fontweight="bold")
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("tokens / s / device")
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
