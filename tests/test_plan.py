@@ -141,3 +141,15 @@ def test_bad_plan_input_is_one_line(reference_config, capsys, args, needle):
 def test_unknown_device_raises_user_error():
     with pytest.raises(UserError, match="accepted are"):
         get_device("tpu9")
+
+
+def test_cp_variants_that_gain_nothing_are_left_out_unless_asked(reference_config, capsys):
+    base = ["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8", "--device", "h100",
+            "--top", "40", "--json"]
+    assert cli(base) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert cli([*base, "--all"]) == 0
+    everything = json.loads(capsys.readouterr().out)
+    assert listed["listed_layouts"] < everything["listed_layouts"] == everything["legal_layouts"]
+    assert any(c["cp"] > 1 for c in everything["candidates"])
+    assert listed["best"] == everything["best"]

@@ -68,7 +68,8 @@ def test_a_run_past_its_timeout_is_recorded(sweep, tmp_path):
     layouts = tmp_path / "l.json"
     layouts.write_text('[{"tp": 1}]')
     cmd = f"{sys.executable} -c 'import time; time.sleep(30)'"
-    assert sweep.main(["--layouts", str(layouts), "--command", cmd, "--timeout", "1", "--out", str(tmp_path / "o")]) == 0
+    args = ["--layouts", str(layouts), "--command", cmd, "--timeout", "1", "--out", str(tmp_path / "o")]
+    assert sweep.main(args) == 0
     assert _rows(tmp_path / "o")[0]["status"] == "timeout"
 
 

@@ -2,7 +2,9 @@
 
     mcore-dapo plan --model MODEL --nodes 4 --devices-per-node 8 --device h100 --top 5 --json > plan.json
     python tools/sweep.py --layouts plan.json --steps 5 --out sweep-out \\
-        --command 'bash run_dapo_megatron.sh {overrides} trainer.total_training_steps={steps}'
+        --command 'bash LAUNCH.sh {overrides} trainer.total_training_steps={steps}'
+
+``LAUNCH.sh`` stands for a verl launch script that passes its arguments on to verl (``$@``).
 
 ``--layouts`` takes the JSON of ``mcore-dapo plan --json`` (its ``candidates``), or a JSON list of
 objects with keys among tp, pp, ep, etp, cp, vpp, first, last (and optionally ``overrides``, a list
@@ -41,7 +43,9 @@ from mcore_dapo.plan.planner import layout_overrides
 LAYOUT_KEYS = ("tp", "pp", "ep", "etp", "cp", "vpp", "first", "last")
 PLACEHOLDER = re.compile(r"\{(tp|pp|ep|etp|cp|vpp|first|last|overrides|steps|name|log)\}")
 # CUDA / torch, Ascend (ACL error, CANN code EL0004 "failed to allocate memory"), and generic spellings
-OOM = re.compile(r"(?i:out of memory)|OutOfMemoryError|\bOOM\b|ACL_ERROR_RT_MEMORY_ALLOCATION|EL0004|RESOURCE_EXHAUSTED")
+OOM = re.compile(
+    r"(?i:out of memory)|OutOfMemoryError|\bOOM\b|ACL_ERROR_RT_MEMORY_ALLOCATION|EL0004|RESOURCE_EXHAUSTED"
+)
 METRICS = ("e2e_tps", "update_tps", "vllm_tps", "timing_s/step", "timing_s/gen", "timing_s/update_actor",
            "perf/max_memory_allocated_gb")
 COLUMNS = ("name", "layout", "status", "reason", "steps", *METRICS, "seconds", "log")

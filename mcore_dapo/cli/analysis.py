@@ -16,6 +16,7 @@ def _progress(msg: str) -> None:
 def _plan(a) -> int:
     from mcore_dapo.bridge import load_hf_config
     from mcore_dapo.plan import Workload, get_device, plan
+    from mcore_dapo.plan.planner import without_dominated_cp
     from mcore_dapo.plan.report import as_json, render
 
     if a.top < 1:
@@ -27,11 +28,12 @@ def _plan(a) -> int:
         responses_per_prompt=a.responses_per_prompt, mean_tokens=a.mean_tokens, recompute=a.recompute,
         offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
     )
-    candidates = plan(cfg, w, progress=None if a.json else _progress)
+    ranked = plan(cfg, w, progress=None if a.json else _progress)
+    shown = ranked if a.all else without_dominated_cp(ranked)
     if a.json:
-        print(json.dumps(as_json(cfg, w, candidates, a.top), indent=1))
+        print(json.dumps(as_json(cfg, w, ranked, shown, a.top), indent=1))
     else:
-        print(render(cfg, w, candidates, a.top))
+        print(render(cfg, w, ranked, shown, a.top))
     return 0
 
 
@@ -106,6 +108,7 @@ def add_commands(sub) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
     p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
     p.add_argument("--top", type=int, default=10)
+    p.add_argument("--all", action="store_true", help="also list CP variants that need no less memory and are slower")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_plan)
 

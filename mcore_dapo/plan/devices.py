@@ -77,5 +77,7 @@ ALIASES = {"910b": "a2", "ascend910b": "a2", "h100-sxm": "h100", "h200-sxm": "h2
 def get_device(name: str) -> DeviceSpec:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in DEVICES:
-        raise UserError(f"device={name!r} is not known: accepted are {', '.join(DEVICES)} (aliases: {', '.join(ALIASES)})")
+        raise UserError(
+            f"device={name!r} is not known: accepted are {', '.join(DEVICES)} (aliases: {', '.join(ALIASES)})"
+        )
     return DEVICES[key]

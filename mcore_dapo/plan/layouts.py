@@ -10,6 +10,7 @@ stages included, so the per-rank predictions know which global layers a rank hol
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -98,7 +99,7 @@ def _splits(num_layers: int, pp: int, vpp: int) -> Iterator[tuple[int | None, in
     if pp == 1:
         return
     mean = num_layers / pp
-    lo, hi = max(vpp, int(mean) - 2), int(mean) + 3
+    lo, hi = max(vpp, math.floor(mean) - 2), math.ceil(mean) + 2
     for f in range(lo, hi + 1):
         for lst in range(lo, hi + 1):
             rest, mids = num_layers - f - lst, pp - 2

@@ -71,6 +71,22 @@ def plan(cfg: HFModelConfig, w: Workload, progress=None) -> list[Candidate]:
     return sorted(out, key=rank_key)
 
 
+def without_dominated_cp(candidates: list[Candidate]) -> list[Candidate]:
+    """Drop a CP > 1 layout when the same layout with another CP ranks before it and needs no more memory
+    (context parallelism that buys nothing only adds communication)."""
+    best: dict[tuple, Candidate] = {}
+    out = []
+    for c in candidates:
+        lay = c.layout.layout
+        key = (lay.tp, lay.pp, lay.ep, lay.expert_tp, lay.vpp, c.layout.first, c.layout.last)
+        prev = best.get(key)
+        if prev is not None and lay.cp > 1 and prev.fits >= c.fits and prev.peak_gib <= c.peak_gib + 1e-9:
+            continue
+        best.setdefault(key, c)
+        out.append(c)
+    return out
+
+
 def layout_overrides(pl: PlanLayout) -> list[str]:
     """Hydra overrides of verl's Megatron actor and reference for a layout alone."""
     lay = pl.layout

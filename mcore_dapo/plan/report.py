@@ -16,7 +16,7 @@ ASSUMPTIONS = (
 )
 
 
-def header(cfg: HFModelConfig, w: Workload, candidates: list[Candidate]) -> str:
+def header(cfg: HFModelConfig, w: Workload, candidates: list[Candidate], shown: int) -> str:
     total, active = model_params(cfg)
     d = w.device
     fitting = sum(c.fits for c in candidates)
@@ -29,7 +29,9 @@ def header(cfg: HFModelConfig, w: Workload, candidates: list[Candidate]) -> str:
         f"{w.micro_batch_tokens} tokens per micro-batch, recompute {w.recompute}, offload {w.offload}, "
         f"vLLM share {w.gpu_memory_utilization}",
         "assumptions: " + ASSUMPTIONS.format(eff=w.efficiency),
-        f"{len(candidates)} legal layouts, {fitting} fit in memory",
+        f"{len(candidates)} legal layouts, {fitting} fit in memory"
+        + (f"; {len(candidates) - shown} CP variants that gain nothing left out (--all lists them)"
+           if shown < len(candidates) else ""),
     ])
 
 
@@ -49,11 +51,12 @@ def table(candidates: list[Candidate], w: Workload, top: int) -> str:
     return "\n".join(rows)
 
 
-def render(cfg: HFModelConfig, w: Workload, candidates: list[Candidate], top: int) -> str:
-    out = [header(cfg, w, candidates), "", table(candidates, w, top), ""]
-    best = next((c for c in candidates if c.fits), None)
+def render(cfg: HFModelConfig, w: Workload, ranked: list[Candidate], shown: list[Candidate], top: int) -> str:
+    """``ranked``: every layout, best first; ``shown``: those to list (a subset, same order)."""
+    out = [header(cfg, w, ranked, len(shown)), "", table(shown, w, top), ""]
+    best = next((c for c in shown if c.fits), None)
     if best is None:
-        low = min(candidates, key=lambda c: c.peak_gib)
+        low = min(ranked, key=lambda c: c.peak_gib)
         out.append(f"no layout fits {w.device.hbm_gib:g} GiB; the smallest peak is {low.peak_gib:.1f} GiB "
                    f"({low.layout.describe()}): offload more, lower the vLLM share or the micro-batch tokens")
         return "\n".join(out)
@@ -63,16 +66,17 @@ def render(cfg: HFModelConfig, w: Workload, candidates: list[Candidate], top: in
     return "\n".join(out)
 
 
-def as_json(cfg: HFModelConfig, w: Workload, candidates: list[Candidate], top: int) -> dict:
+def as_json(cfg: HFModelConfig, w: Workload, ranked: list[Candidate], shown: list[Candidate], top: int) -> dict:
     total, active = model_params(cfg)
-    best = next((c for c in candidates if c.fits), None)
+    best = next((c for c in shown if c.fits), None)
     return {
         "model": {"model_type": cfg.model_type, "params": total, "active_params": active},
         "device": w.device.as_dict(),
         "workload": w.as_dict(),
         "assumptions": ASSUMPTIONS.format(eff=w.efficiency),
-        "legal_layouts": len(candidates),
-        "fitting_layouts": sum(c.fits for c in candidates),
-        "candidates": [{**c.as_dict(w.world_size), "overrides": verl_overrides(c, w)} for c in candidates[:top]],
+        "legal_layouts": len(ranked),
+        "fitting_layouts": sum(c.fits for c in ranked),
+        "listed_layouts": len(shown),
+        "candidates": [{**c.as_dict(w.world_size), "overrides": verl_overrides(c, w)} for c in shown[:top]],
         "best": best.layout.describe() if best else None,
     }

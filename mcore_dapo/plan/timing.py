@@ -91,7 +91,7 @@ def step_time(cfg: HFModelConfig, pl: PlanLayout, w: Workload) -> StepTime:
     h, k = cfg.hidden_size, max(cfg.num_experts_per_tok, 1)
     m = micro_batches(pl, w)
     v = lay.vpp or 1
-    passes = 4 if w.recompute == "full" else 3  # forward, backward (2 collectives each way), recompute; log-prob 1
+    passes = 4 if w.recompute == "full" else 3  # update forward and backward, log-prob forward (+ recompute)
     tok = w.micro_batch_tokens  # per rank, per micro-batch, after the CP split
     layers = max(len(sum(pl.chunks(cfg.num_layers, r), [])) for r in range(lay.pp))
     moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers)) * layers / cfg.num_layers
@@ -107,8 +107,10 @@ def step_time(cfg: HFModelConfig, pl: PlanLayout, w: Workload) -> StepTime:
     pp = 3 * v * m * act / lay.tp / _bandwidth(world, w) if lay.pp > 1 else 0.0
     worst = max(per_stage(cfg, pl), key=lambda r: r.total)
     # reduce-scatter the gradients, all-gather the bf16 weights (groups as in memory.optimizer_shard)
-    dense_g, expert_g = lay.dp(world) * lay.cp, lay.expert_dp(world) if lay.ep > 1 else lay.dp(world) * lay.cp
-    dp = (w.grad_bytes + 2) * (_ring(worst.dense, dense_g) + _ring(worst.expert, expert_g)) / _bandwidth(world // lay.pp, w)
+    dense_g = lay.dp(world) * lay.cp
+    expert_g = lay.expert_dp(world) if lay.ep > 1 else dense_g
+    dp_volume = (w.grad_bytes + 2) * (_ring(worst.dense, dense_g) + _ring(worst.expert, expert_g))
+    dp = dp_volume / _bandwidth(world // lay.pp, w)
     compute = compute_seconds(cfg, w) * stage_imbalance(cfg, pl)
     bubble = compute * (lay.pp - 1) / (v * m) if lay.pp > 1 else 0.0
     return StepTime(compute, bubble, tp, ep, cp, pp, dp, m)

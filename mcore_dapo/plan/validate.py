@@ -12,16 +12,24 @@ are built one after the other (Megatron's parallel state is re-initialised betwe
 Rank 0 writes the JSON result to ``--out`` (or stdout): for each layout, every rank's
 coordinates, its real dense/expert parameter counts, the predicted ones and whether they agree.
 
-On a GPU node (``--device cuda``, bf16) the same module also reports the memory the runtime
-allocates for the weights, to check the planner's parameter memory; the activation and
-optimizer figures are checked from a training run's ``perf/max_memory_allocated_gb``
-(see docs/PLANNER.md).
+On a GPU or NPU node (``--device cuda`` or ``npu``, ``--dtype bf16``) every rank also reports
+``weight_bytes``, what the allocator holds once the model is built, beside
+``predicted_weight_bytes`` (the planner's parameter memory). Only ``config.json`` is read, no
+weights, so the real model can be checked on one node, for example::
+
+    torchrun --nproc-per-node 8 -m mcore_dapo.plan.validate --hf-path configs/models/qwen3-30b-a3b \\
+        --device cuda --dtype bf16 \\
+        --layouts '[{"tp": 2, "ep": 8, "etp": 1}, {"tp": 4, "pp": 2, "ep": 4, "etp": 1, "vpp": 2}]'
+
+The rest of the memory estimate (gradients, optimizer, activations) is checked against a training
+run's ``perf/max_memory_allocated_gb`` (docs/PLANNER.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -79,7 +87,36 @@ def build_chunks(bridge: Bridge, adapter, pl: PlanLayout, dtype: str):
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
             **gpt_model_kwargs(bridge.cfg, pl.layout),
         ))
+    if adapter.name != "cpu":
+        chunks = [c.to(adapter.device(int(os.environ.get("LOCAL_RANK", "0")))) for c in chunks]
     return chunks
+
+
+FIELDS = ("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted_dense", "predicted_expert",
+          "weight_bytes")
+
+
+def count_params(chunks) -> tuple[int, int]:
+    """(dense, expert) parameters of this rank's chunks, a shared parameter counted once."""
+    seen, dense, expert = set(), 0, 0
+    for c in chunks:
+        for name, p in c.named_parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                if ".mlp.experts." in name:
+                    expert += p.numel()
+                else:
+                    dense += p.numel()
+    return dense, expert
+
+
+def _allocated(adapter) -> int:
+    """Bytes the accelerator's allocator holds (-1 on the CPU, which has no such counter)."""
+    mod = getattr(__import__("torch"), adapter.name, None)
+    if adapter.name == "cpu" or mod is None:
+        return -1
+    mod.synchronize()
+    return int(mod.memory_allocated())
 
 
 def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
@@ -96,28 +133,27 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     if adapter.name == "cpu" and pl.layout.cp > 1:
         raise UserError(f"cp={pl.layout.cp} is not accepted on the CPU: context parallelism needs Transformer "
                         "Engine attention (a GPU); parameter counts do not depend on CP")
+    before = _allocated(adapter)
     chunks = build_chunks(bridge, adapter, pl, dtype)
-    seen, dense, expert = set(), 0, 0
-    for c in chunks:
-        for name, p in c.named_parameters():
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            if ".mlp.experts." in name:
-                expert += p.numel()
-            else:
-                dense += p.numel()
+    weight_bytes = _allocated(adapter) - before if before >= 0 else -1
+    dense, expert = count_params(chunks)
     pred = rank_params(bridge.cfg, pl, info.pp_rank)
-    mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense, pred.expert])
+    dev = adapter.device(int(os.environ.get("LOCAL_RANK", "0")))
+    mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense,
+                         pred.expert, weight_bytes], dtype=torch.long, device=dev)
     rows = [torch.zeros_like(mine) for _ in range(info.world_size)]
     dist.all_gather(rows, mine)
     del chunks
     ps.destroy_model_parallel()
-    ranks = [dict(zip(("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted_dense",
-                       "predicted_expert"), (int(x) for x in r.tolist()))) for r in rows]
+    ranks = [dict(zip(FIELDS, (int(x) for x in r.tolist()))) for r in rows]
+    elem = {"fp32": 4, "bf16": 2, "fp16": 2}[dtype]
+    for r in ranks:
+        r["predicted_weight_bytes"] = (r["predicted_dense"] + r["predicted_expert"]) * elem
+        if r["weight_bytes"] < 0:
+            del r["weight_bytes"]
     ok = all(r["dense"] == r["predicted_dense"] and r["expert"] == r["predicted_expert"] for r in ranks)
-    return {"layout": pl.describe(), **pl.as_dict(), "world_size": info.world_size, "match": ok,
-            "ranks": ranks, "seconds": round(time.time() - t0, 2)}
+    return {"layout": pl.describe(), **pl.as_dict(), "world_size": info.world_size, "device": adapter.name,
+            "dtype": dtype, "match": ok, "ranks": ranks, "seconds": round(time.time() - t0, 2)}
 
 
 def main(argv=None) -> int:
