@@ -127,3 +127,12 @@ def test_an_empty_log_is_a_user_error(tmp_path):
     empty.write_text("")
     with pytest.raises(UserError, match="accepted are verl console logs"):
         read_run(empty)
+
+
+def test_lines_of_the_same_step_are_merged(tmp_path):
+    log = tmp_path / "val.log"
+    log.write_text("step:5 - val-core/acc:0.25\nstep:5 - timing_s/step:10.0 - perf/total_num_tokens:800\n")
+    run = read_run(log)
+    assert run.steps[5] == {"val-core/acc": 0.25, "timing_s/step": 10.0, "perf/total_num_tokens": 800.0}
+    assert run.duplicates == 1
+    assert with_throughputs(run, Batch(world_size=8))[5]["e2e_tps"] == 10.0

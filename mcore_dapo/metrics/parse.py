@@ -4,8 +4,9 @@ The line may carry a prefix (Ray's ``(TaskRunner pid=123)``, colour codes, a tim
 everything before ``step:`` is ignored. A line that has the ``step:`` marker but does not
 parse (a step that is not an integer, a segment that is not ``key:value``) is skipped and
 counted. Values that are not numbers are dropped. Given a folder (a Ray session's
-``logs/``), every file under it with such lines is read; the same step seen in several files
-(the driver's log and a worker's ``.out``) is kept once, the last reading winning.
+``logs/``), every file under it with such lines is read. Lines of the same step (the driver's log
+and a worker's ``.out``, or validation metrics logged apart) are merged, a later value of a key
+winning, and counted as repeated.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def read_lines(lines, run: RunLog) -> int:
         step, metrics = got
         if step in run.steps:
             run.duplicates += 1
-        run.steps[step] = metrics
+        run.steps.setdefault(step, {}).update(metrics)  # verl may log a step's validation metrics apart
         n += 1
     return n
 

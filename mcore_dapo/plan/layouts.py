@@ -111,7 +111,12 @@ def _splits(num_layers: int, pp: int, vpp: int) -> Iterator[tuple[int | None, in
 
 def enumerate_layouts(cfg: HFModelConfig, world_size: int, *, max_pp: int = 16, max_vpp: int = 4,
                       max_cp: int = 8) -> list[PlanLayout]:
-    """Every legal layout for ``world_size`` devices (DP and expert-DP derived)."""
+    """Every legal layout for ``world_size`` devices (DP and expert-DP derived).
+
+    With EP = 1 Megatron (0.16) marks expert weights as dense and reduces their gradients over the
+    dense data-parallel group, which is right only when the experts are split like the rest: such
+    layouts keep ETP = TP.
+    """
     out = []
     experts = cfg.num_experts if cfg.is_moe else 1
     eff = cfg.moe_intermediate_size if cfg.is_moe else 1
@@ -122,7 +127,7 @@ def enumerate_layouts(cfg: HFModelConfig, world_size: int, *, max_pp: int = 16, 
                     continue
                 for ep in _divisors(experts, world_size // pp):
                     for etp in _divisors(eff, world_size // (pp * ep)) if cfg.is_moe else [tp]:
-                        if world_size % (etp * ep * pp):
+                        if world_size % (etp * ep * pp) or (ep == 1 and etp != tp):
                             continue
                         for vpp in [None] + (list(range(2, max_vpp + 1)) if pp > 1 else []):
                             for first, last in _splits(cfg.num_layers, pp, vpp or 1):

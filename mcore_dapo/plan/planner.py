@@ -47,10 +47,12 @@ def evaluate(cfg: HFModelConfig, pl: PlanLayout, w: Workload) -> Candidate:
 
 
 def rank_key(c: Candidate):
-    """Fitting layouts first, fastest first; then the smaller peak; then the simpler layout."""
+    """Fitting layouts first, fastest first (then the smaller peak); the others closest to fitting first;
+    ties go to the simpler layout."""
     lay = c.layout.layout
     uneven = c.layout.first is not None or c.layout.last is not None
-    return (not c.fits, round(c.time.total_s, 3), round(c.peak_gib, 1), lay.pp, lay.vpp or 1, uneven, lay.cp,
+    speed, size = round(c.time.total_s, 3), round(c.peak_gib, 1)
+    return (not c.fits, *((speed, size) if c.fits else (size, speed)), lay.pp, lay.vpp or 1, uneven, lay.cp,
             lay.tp, lay.expert_tp)
 
 
