@@ -34,6 +34,7 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", choices=sorted(TORCH), default=None, help="model and export dtype (default: the checkpoint's)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--output-ring", type=int, default=1, help="pooled output buffers (0: a fresh one per bucket)")
     ap.add_argument("--status-file", default=None, help="rank 0 writes its current step here")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -133,7 +134,8 @@ def run(a) -> dict:
 
     bridge, adapter, info, chunks, reader, dtype = _build(a)
     exporter = WeightExporter(chunks, bridge, info, bucket_bytes=max(1, int(a.bucket_mb * (1 << 20))),
-                              dtype=TORCH[dtype])
+                              dtype=TORCH[dtype], output_ring=a.output_ring)
+    dist.barrier()
     t0 = time.perf_counter()
     plan = exporter.plan
     plan_s = _max(time.perf_counter() - t0)
@@ -152,6 +154,7 @@ def run(a) -> dict:
     return {
         "layout": bridge.layout.describe(), "world_size": info.world_size, "device": adapter.name, "dtype": dtype,
         "tensors": stats.tensors, "bytes": stats.bytes, "buckets": stats.buckets, "bucket_bytes": exporter.bucket_bytes,
+        "output_ring": a.output_ring,
         "collectives": int(_max(stats.collectives.total)), "collectives_by_group": dict(stats.collectives.calls),
         "per_tensor_collectives": plan.per_tensor_collectives(),
         "plan_seconds": round(plan_s, 4), "seconds": round(best, 4), "seconds_all": [round(t, 4) for t in times],

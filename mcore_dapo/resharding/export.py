@@ -69,19 +69,58 @@ def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
 
 
 class _Buffers:
-    """Live-byte accounting of the exporter's own buffers."""
+    """The exporter's buffers during one sync, with live-byte accounting.
 
-    def __init__(self, stats: SyncStats):
-        self.stats, self.live = stats, 0
+    Gather buffers are pooled: one flat buffer holds a bucket's gather buffers of
+    every group side by side; it is sized for the largest bucket, reused by every
+    bucket of the sync and released with it (on the CPU a fresh large
+    buffer costs a page fault per 4 KiB; on accelerators the caching allocator
+    reuses memory anyway). Output buffers are fresh per bucket (the consumer owns
+    them) or, with ``ring`` > 0, taken in turn from ``ring`` pooled buffers.
+    """
 
-    def new(self, numel: int, dtype, device) -> torch.Tensor:
-        t = torch.empty(numel, dtype=dtype, device=device)
+    def __init__(self, stats: SyncStats, device, ring: int = 0):
+        self.stats, self.device, self.live, self.ring, self.turn = stats, device, 0, ring, 0
+        self.pool: dict[tuple, torch.Tensor] = {}
+
+    def output(self, numel: int, dtype, largest: int) -> torch.Tensor:
+        if not self.ring:
+            return self.new(numel, dtype)
+        key = ("out", self.turn % self.ring)
+        self.turn += 1
+        self.reserve(key, dtype, largest)
+        return self.pool[(key, dtype)][:numel]
+
+    def _count(self, t: torch.Tensor) -> torch.Tensor:
         self.live += t.numel() * t.element_size()
         self.stats.peak_buffer_bytes = max(self.stats.peak_buffer_bytes, self.live)
         return t
 
+    def new(self, numel: int, dtype) -> torch.Tensor:
+        return self._count(torch.empty(numel, dtype=dtype, device=self.device))
+
     def free(self, t: torch.Tensor) -> None:
         self.live -= t.numel() * t.element_size()
+
+    def reserve(self, key, dtype, numel: int) -> None:
+        have = self.pool.get((key, dtype))
+        if have is None or have.numel() < numel:
+            if have is not None:
+                self.free(have)
+            self.pool[(key, dtype)] = self.new(numel, dtype)
+
+    def gather_buffers(self, dtype, shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+        """A bucket's gather buffers (one per group), side by side in the one pooled gather buffer."""
+        flat, out, at = self.pool[("gather", dtype)], [], 0
+        for rows, cols in shapes:
+            out.append(flat[at:at + rows * cols].view(rows, cols))
+            at += rows * cols
+        return out
+
+    def release(self) -> None:
+        for t in self.pool.values():
+            self.free(t)
+        self.pool.clear()
 
 
 class WeightExporter:
@@ -90,18 +129,22 @@ class WeightExporter:
     ``chunks``: this rank's model chunks (wrapped or not); ``info``: its
     :class:`~mcore_dapo.runtime.parallel.ParallelInfo`; ``groups``: the process
     groups (default: Megatron's); ``dtype``: cast to this dtype (``None`` keeps
-    the parameters' dtype). The plan is built on the first sync and reused.
+    the parameters' dtype); ``output_ring``: 0 gives every bucket a fresh output
+    buffer that the consumer owns; ``n`` > 0 reuses ``n`` buffers in turn, so a
+    bucket's tensors stay valid only until ``n`` more buckets are requested (1 for
+    a consumer that copies in ``load_weights``, 2 for a transport that loads one
+    bucket while the next is filled). The plan is built on the first sync and reused.
     """
 
     def __init__(self, chunks, bridge: Bridge, info, *, groups: Groups | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None,
-                 broadcast_pp: bool = True):
+                 broadcast_pp: bool = True, output_ring: int = 0):
         from mcore_dapo.runtime.model import local_params
 
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise UserError(f"bucket_bytes={bucket_bytes!r} is not accepted: a positive number of bytes is")
         self.bridge, self.info, self.dtype = bridge, info, dtype
-        self.bucket_bytes, self.broadcast_pp = bucket_bytes, broadcast_pp
+        self.bucket_bytes, self.broadcast_pp, self.output_ring = bucket_bytes, broadcast_pp, output_ring
         self.groups = groups or Groups.from_megatron()
         self.local: dict[str, torch.nn.Parameter] = {}
         for lp in local_params([unwrap(c) for c in chunks], bridge, info):
@@ -123,12 +166,15 @@ class WeightExporter:
 
         plan = self.plan
         stats = SyncStats()
-        comm, mem = Comm(self.groups, stats.collectives), _Buffers(stats)
+        comm, mem = Comm(self.groups, stats.collectives), _Buffers(stats, self.device, self.output_ring)
         t0 = time.perf_counter()
         todo = [b for b in plan.buckets if self.broadcast_pp or b.stage == self.info.pp_rank]
-        bar = tqdm(todo, desc="weight sync", unit="bucket", disable=not progress, leave=False)
-        for bp in bar:
-            out = mem.new(bp.numel, bp.dtype, self.device)
+        for b in todo:
+            if b.stage == self.info.pp_rank:
+                mem.reserve("gather", b.dtype, sum(comm.size(g) * n for g, n in b.send_numel.items()))
+        largest = max((b.numel for b in todo), default=0)
+        for bp in tqdm(todo, desc="weight sync", unit="bucket", disable=not progress, leave=False):
+            out = mem.output(bp.numel, bp.dtype, largest)
             sums = None
             if bp.stage == self.info.pp_rank:
                 self._assemble(bp, out, comm, mem)
@@ -143,9 +189,11 @@ class WeightExporter:
             stats.tensors += len(items)
             stats.bytes += bp.nbytes
             stats.buckets += 1
-            mem.free(out)
+            if not mem.ring:
+                mem.free(out)  # the consumer's now
             yield Bucket(bp.index, items, out, None if sums is None else
                          {p.name: int(s) for p, s in zip(bp.pieces(), sums.cpu().tolist())})
+        mem.release()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
 
@@ -156,8 +204,9 @@ class WeightExporter:
 
     def _assemble(self, bp: BucketPlan, out: torch.Tensor, comm: Comm, mem: _Buffers) -> None:
         recv = {}
-        for group, n in bp.send_numel.items():
-            buf = mem.new(comm.size(group) * n, bp.dtype, self.device).view(comm.size(group), n)
+        groups = list(bp.send_numel)
+        bufs = mem.gather_buffers(bp.dtype, [(comm.size(g), bp.send_numel[g]) for g in groups])
+        for group, buf in zip(groups, bufs):
             mine = buf[comm.rank(group)]
             for u in bp.units:
                 if u.gather == group:
@@ -169,8 +218,6 @@ class WeightExporter:
                 hf = u.mapping.to_hf(self._shards(u, m, recv), self.bridge.dims)
                 for piece, t in zip(m.pieces, hf):
                     out[piece.offset:piece.offset + piece.numel].view(piece.shape).copy_(t)
-        for t in recv.values():
-            mem.free(t)
 
     def _mine(self, u: Unit) -> torch.nn.Parameter:
         """This rank's parameter of the unit (for experts: the one at this rank's EP position)."""
