@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--workdir", default=None, help="keep the generated model and results here")
     p.set_defaults(fn=_demo)
+    from mcore_dapo.cli.analysis import add_commands as analysis_commands
+
+    analysis_commands(sub)
     return ap
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from mcore_dapo.bridge import Bridge
 from mcore_dapo.bridge.qwen3 import hf_shapes
 from mcore_dapo.errors import UserError
-from mcore_dapo.io.hf_reader import HFReader
+from mcore_dapo.io.hf_reader import INDEX, SINGLE, HFReader
 
 
 def _header(path: Path) -> tuple[dict, int]:
@@ -38,8 +38,11 @@ def check_hf_checkpoint(path: str | Path, bridge: Bridge) -> dict:
     Returns a summary (tensors, bytes, dtypes). Reads only the files' headers.
     """
     path = Path(path)
-    with HFReader(path) as reader:
-        files = sorted(set(reader.weight_map.values()))
+    if (path / SINGLE).is_file() and not (path / INDEX).is_file():
+        files = [SINGLE]  # header checked below before safetensors opens it
+    else:
+        with HFReader(path) as reader:  # index: validates it and that its shards exist
+            files = sorted(set(reader.weight_map.values()))
     shapes, dtypes, total = {}, set(), 0
     for f in files:
         header, size = _header(path / f)

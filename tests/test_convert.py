@@ -1,0 +1,203 @@
+"""mcore-convert: bit-exact round trips under several layouts, cross-layout loading, safety, bad input."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from mcore_dapo.bridge import Layout
+from mcore_dapo.convert import output
+from mcore_dapo.convert.api import hf2mcore, mcore2hf
+from mcore_dapo.convert.verify import verify
+from mcore_dapo.errors import UserError
+
+
+def _tensors(folder):
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file() else \
+        ["model.safetensors"]
+    out = {}
+    for f in files:
+        with safe_open(str(folder / f), framework="pt") as h:
+            for k in h.keys():
+                out[k] = h.get_tensor(k)
+    return out
+
+
+def assert_bit_exact(a, b):
+    ta, tb = _tensors(a), _tensors(b)
+    assert sorted(ta) == sorted(tb)
+    for k in ta:
+        assert ta[k].dtype == tb[k].dtype and ta[k].shape == tb[k].shape, k
+        assert torch.equal(ta[k].view(torch.uint8), tb[k].view(torch.uint8)), k
+
+
+@pytest.mark.parametrize("layout,nproc_back", [
+    (Layout(tp=2, ep=2), 2),
+    (Layout(pp=2, ep=2), 1),
+    (Layout(tp=2, ep=2, etp=1), 4),
+    (Layout(ep=4), 2),
+], ids=lambda x: x.describe() if isinstance(x, Layout) else f"back{x}")
+def test_round_trip_is_bit_exact(tiny_moe, tmp_path, layout, nproc_back):
+    m = hf2mcore(tiny_moe, tmp_path / "mcore", layout, progress=False)
+    assert m["tensor_count"] == 135 and m["layout_written"]["ep"] == layout.ep
+    r = mcore2hf(tmp_path / "mcore", tmp_path / "hf", nproc=nproc_back, progress=False)
+    assert r["checked_against_manifest"] and r["checksum_mismatches"] == []
+    assert_bit_exact(tiny_moe, tmp_path / "hf")
+    assert json.loads((tmp_path / "hf" / "config.json").read_text()) == \
+        json.loads((tiny_moe / "config.json").read_text())
+    assert not list(tmp_path.glob(".*partial*"))
+
+
+def test_bf16_round_trip_and_dense_model(tiny_dense, tmp_path):
+    from mcore_dapo.testing.tiny import make_tiny_model
+
+    bf = make_tiny_model(tmp_path / "bf16", seed=3, dtype="bfloat16")
+    m = hf2mcore(bf, tmp_path / "mc-bf", Layout(tp=2, ep=2), progress=False)
+    assert m["dtype"] == "bf16"
+    mcore2hf(tmp_path / "mc-bf", tmp_path / "hf-bf", nproc=2, progress=False)
+    assert_bit_exact(bf, tmp_path / "hf-bf")
+    hf2mcore(tiny_dense, tmp_path / "mc-d", Layout(tp=2), progress=False)
+    mcore2hf(tmp_path / "mc-d", tmp_path / "hf-d", nproc=1, progress=False)
+    assert_bit_exact(tiny_dense, tmp_path / "hf-d")
+
+
+def test_checkpoint_written_under_one_layout_loads_under_others(tiny_moe, tmp_path):
+    # (mcore2hf in the round trips above also loads under another layout: TP1/EP=nproc)
+    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(tp=2, ep=2), progress=False)
+    for layout in (Layout(pp=2, ep=2), Layout(tp=2, ep=2, etp=1)):
+        r = verify(tiny_moe, tmp_path / "mcore", layout)
+        assert r["passed"], r
+        assert r["max_abs_diff"] < 1e-4 and r["checksum_mismatches"] == 0
+
+
+def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(tiny_moe, tmp_path):
+    from torch.distributed.checkpoint import FileSystemReader
+
+    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    keys = set(FileSystemReader(str(tmp_path / "mcore")).read_metadata().state_dict_metadata)
+    assert "decoder.layers.0.pre_mlp_layernorm.weight" in keys
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in keys
+    assert not any("mlp.linear_fc1.layer_norm" in k for k in keys)
+    assert "decoder.layers.0.mlp.experts.experts.linear_fc1.weight" in keys
+
+
+def test_verify_fails_on_a_different_checkpoint(tiny_moe, tmp_path):
+    from mcore_dapo.testing.tiny import make_tiny_model
+
+    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    other = make_tiny_model(tmp_path / "other", seed=7)
+    shutil.copy(tiny_moe / "config.json", other / "config.json")
+    out = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", "verify", "--hf-path", str(other),
+                          "--mcore-path", str(tmp_path / "mcore"), "--json"], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    r = json.loads(out.stdout)
+    assert not r["passed"] and r["checksum_mismatches"] == 135 and r["max_abs_diff"] > 1e-2
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_existing_output_is_refused_unless_overwrite(tiny_moe, tmp_path):
+    out = tmp_path / "mcore"
+    out.mkdir()
+    (out / "keep").write_text("x")
+    r = _cli("hf2mcore", "--hf-path", tiny_moe, "--out", out, "--ep", "2")
+    assert r.returncode == 2 and r.stderr.strip() == f"error: output '{out}' already exists: pass --overwrite to replace it"
+    assert (out / "keep").exists()
+    r = _cli("hf2mcore", "--hf-path", tiny_moe, "--out", out, "--ep", "2", "--overwrite", "--json")
+    assert r.returncode == 0, r.stderr
+    assert (out / output.MANIFEST).is_file() and not (out / "keep").exists()
+
+
+def test_interrupted_conversion_leaves_no_finished_checkpoint(tiny_moe, tmp_path):
+    out = tmp_path / "mcore"
+    p = subprocess.Popen([sys.executable, "-m", "mcore_dapo.cli.convert", "hf2mcore", "--hf-path", str(tiny_moe),
+                          "--out", str(out), "--ep", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".mcore.partial-*")) and time.time() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".mcore.partial-*")), "the conversion never started writing"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    assert not out.exists()
+    with pytest.raises(UserError, match="no mcore_dapo_manifest.json"):
+        output.read_manifest(next(tmp_path.glob(".mcore.partial-*")))
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("missing_shard", "shard 'model-00002-of-00002.safetensors' named in model.safetensors.index.json is missing"),
+    ("truncated", "is truncated"),
+    ("shape", "gate_proj.weight' has shape [32, 64] in the checkpoint, config.json implies [16, 64]"),
+    ("arch", "model_type='llama' is not supported"),
+    ("missing_tensor", "tensor 'lm_head.weight' that config.json implies is missing"),
+])
+def test_bad_checkpoints_get_one_line_errors_and_leave_nothing(tiny_moe, tmp_path, damage, message):
+    hf = _copy(tiny_moe, tmp_path / "hf")
+    if damage == "missing_shard":
+        from safetensors.torch import save_file
+
+        t = _tensors(hf)
+        names = sorted(t)
+        halves = {"model-00001-of-00002.safetensors": names[:50], "model-00002-of-00002.safetensors": names[50:]}
+        for fname, part in halves.items():
+            save_file({k: t[k] for k in part}, str(hf / fname))
+        (hf / "model.safetensors").unlink()
+        index = {"weight_map": {k: f for f, part in halves.items() for k in part}}
+        (hf / "model.safetensors.index.json").write_text(json.dumps(index))
+        (hf / "model-00002-of-00002.safetensors").unlink()
+    elif damage == "truncated":
+        f = hf / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:-1000])
+    elif damage == "shape":
+        cfg = json.loads((hf / "config.json").read_text())
+        cfg["moe_intermediate_size"] = 16
+        (hf / "config.json").write_text(json.dumps(cfg))
+    elif damage == "arch":
+        cfg = json.loads((hf / "config.json").read_text())
+        cfg["model_type"] = "llama"
+        (hf / "config.json").write_text(json.dumps(cfg))
+    elif damage == "missing_tensor":
+        from safetensors.torch import save_file
+
+        t = _tensors(hf)
+        del t["lm_head.weight"]
+        save_file(t, str(hf / "model.safetensors"))
+    r = _cli("hf2mcore", "--hf-path", hf, "--out", tmp_path / "out", "--ep", "2")
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial*"))
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ep", "3"], "ep=3 does not divide the 8 experts"),
+    (["--tp", "8"], "tp=8 does not divide the 4 KV groups"),
+    (["--tp", "2", "--nproc", "3"], "world size 3 is not divisible by TP*PP*CP = 2"),
+])
+def test_bad_layouts(tiny_moe, tmp_path, args, message):
+    r = _cli("hf2mcore", "--hf-path", tiny_moe, "--out", tmp_path / "out", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unwritable_output(tiny_moe, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = _cli("hf2mcore", "--hf-path", tiny_moe, "--out", blocker / "ckpt")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = _cli("mcore2hf", "--mcore-path", tmp_path / "nothing", "--out", tmp_path / "hf")
+    assert r.returncode == 2 and "does not exist" in r.stderr
