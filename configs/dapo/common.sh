@@ -1,0 +1,107 @@
+# The guide's DAPO settings for Qwen3-30B-A3B, spelled for verl 0.9.1, on the Megatron path.
+# Sourced by configs/dapo_qwen3_30b_*.sh after they set: NNODES, DEVICE, MODEL_PATH, CKPTS_DIR,
+# TRAIN_FILE, TEST_FILE, GEN_TP, INFER_MAX_TOKENS, ENFORCE_EAGER and the LAYOUT array (actor = ref).
+# Differences from the guide's FSDP script (see docs/VERL_PLUGIN.md):
+#   recipe.dapo.main_dapo -> python -m mcore_dapo.verl_plugin.main_dapo (verl 0.9.1 has no recipe/ folder)
+#   actor.strategy=fsdp + fsdp_config.*  -> actor.strategy=megatron + actor/ref .megatron.* (LAYOUT)
+#   reward_model.reward_manager/overlong_buffer -> reward.reward_manager.name, reward.reward_kwargs.*
+#   ulysses_sequence_parallel_size, use_torch_compile (FSDP only) -> dropped
+#   gen_dp / rollout_world_size / enable_expert_parallel (not in 0.9.1's rollout config) -> dropped
+
+max_prompt_length=$((1024 * 2))
+max_response_length=$((1024 * 6))
+train_prompt_bsz=32
+offload=True
+
+DAPO_ARGS=(
+    data.train_files="${TRAIN_FILE}"
+    data.val_files="${TEST_FILE}"
+    data.prompt_key=prompt
+    data.truncation=left
+    data.max_prompt_length=${max_prompt_length}
+    data.max_response_length=${max_response_length}
+    data.gen_batch_size=$((train_prompt_bsz * 3))
+    data.train_batch_size=${train_prompt_bsz}
+    actor_rollout_ref.rollout.n=16
+    actor_rollout_ref.rollout.max_num_seqs=1024
+    actor_rollout_ref.rollout.max_num_batched_tokens=$((1024 * 32))
+    algorithm.adv_estimator=grpo
+    algorithm.use_kl_in_reward=False
+    algorithm.kl_ctrl.kl_coef=0.0
+    actor_rollout_ref.actor.use_kl_loss=False
+    actor_rollout_ref.actor.kl_loss_coef=0.0
+    actor_rollout_ref.actor.clip_ratio_low=0.2
+    actor_rollout_ref.actor.clip_ratio_high=0.28
+    actor_rollout_ref.actor.clip_ratio_c=10.0
+    algorithm.filter_groups.enable=True
+    algorithm.filter_groups.max_num_gen_batches=10
+    algorithm.filter_groups.metric=acc
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$((1024 * 16))
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=${INFER_MAX_TOKENS}
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=${INFER_MAX_TOKENS}
+    actor_rollout_ref.model.path="${MODEL_PATH}"
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.optim.lr_warmup_steps=10
+    actor_rollout_ref.actor.optim.weight_decay=0.1
+    actor_rollout_ref.actor.ppo_mini_batch_size=${train_prompt_bsz}
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.optim.clip_grad=1.0
+    actor_rollout_ref.actor.loss_agg_mode=token-mean
+    actor_rollout_ref.actor.strategy=megatron
+    "${LAYOUT[@]}"
+    actor_rollout_ref.actor.megatron.param_offload=${offload}
+    actor_rollout_ref.actor.megatron.optimizer_offload=${offload}
+    actor_rollout_ref.ref.megatron.param_offload=${offload}
+    actor_rollout_ref.actor.megatron.dtype=bfloat16
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.90
+    actor_rollout_ref.rollout.tensor_model_parallel_size=${GEN_TP}
+    actor_rollout_ref.rollout.enable_chunked_prefill=True
+    actor_rollout_ref.rollout.temperature=1.0
+    actor_rollout_ref.rollout.top_p=1.0
+    actor_rollout_ref.rollout.top_k=-1
+    actor_rollout_ref.rollout.val_kwargs.temperature=1.0
+    actor_rollout_ref.rollout.val_kwargs.top_p=0.7
+    actor_rollout_ref.rollout.val_kwargs.top_k=-1
+    actor_rollout_ref.rollout.val_kwargs.do_sample=True
+    actor_rollout_ref.rollout.val_kwargs.n=1
+    actor_rollout_ref.rollout.enforce_eager=${ENFORCE_EAGER}
+    actor_rollout_ref.rollout.free_cache_engine=True
+    reward.reward_manager.name=dapo
+    +reward.reward_kwargs.max_resp_len=${max_response_length}
+    +reward.reward_kwargs.overlong_buffer_cfg.enable=True
+    +reward.reward_kwargs.overlong_buffer_cfg.len=$((1024 * 4))
+    +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
+    +reward.reward_kwargs.overlong_buffer_cfg.log=False
+    trainer.project_name=DAPO
+    trainer.experiment_name=DAPO-Qwen3-30B-megatron
+    trainer.n_gpus_per_node=8
+    trainer.nnodes=${NNODES}
+    trainer.device=${DEVICE}
+    trainer.val_before_train=False
+    trainer.test_freq=200
+    trainer.save_freq=50
+    trainer.total_epochs=100
+    trainer.default_local_dir="${CKPTS_DIR}"
+    trainer.resume_mode=auto
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
+    ++actor_rollout_ref.nccl_timeout=7200
+)
+
+# DRY_RUN=1: compose and check the config only (no Ray, no device); the model's config.json comes
+# from MODEL_PATH when present, else from the project's copy in configs/models/qwen3-30b-a3b.
+run_dapo() {
+    local here
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    if [ ! -f "${MODEL_PATH}/config.json" ]; then
+        export MCORE_DAPO_MODEL_CONFIG="${MCORE_DAPO_MODEL_CONFIG:-${here}/models/qwen3-30b-a3b}"
+    fi
+    python3 -m mcore_dapo.verl_plugin.main_dapo "${DAPO_ARGS[@]}" "$@"
+}

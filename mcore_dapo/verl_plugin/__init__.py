@@ -1,0 +1,51 @@
+"""verl plugin: ``actor_rollout_ref.actor.strategy=megatron`` on this project's Megatron path.
+
+verl imports this module (entry point group ``verl.plugins``) at ``import verl``.
+It does light work only, and never imports Megatron (MindSpeed must come first on Ascend):
+
+* checks verl's version against :data:`SUPPORTED_VERL` (a warning here; the
+  checks of :mod:`mcore_dapo.verl_plugin.checks` refuse with a one-line error);
+* when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
+  overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
+  Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
+* registers this project's engine with verl's ``EngineRegistry`` once verl's
+  engine package is imported (:mod:`.engine`).
+
+The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+SUPPORTED_VERL = (">=0.9.1", "<0.10")
+
+log = logging.getLogger(__name__)
+
+
+def verl_version_ok(version: str) -> bool:
+    from packaging.version import Version
+
+    v = Version(version)
+    return Version("0.9.1") <= v < Version("0.10")
+
+
+def _on_import() -> None:
+    try:
+        import verl
+    except ImportError:
+        return
+    if not verl_version_ok(getattr(verl, "__version__", "0")):
+        log.warning("mcore_dapo.verl_plugin supports verl %s, found %s: plugin not enabled",
+                    ",".join(SUPPORTED_VERL), verl.__version__)
+        return
+    from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
+
+    rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
+    from mcore_dapo.verl_plugin.engine import register_when_imported
+
+    register_when_imported()
+
+
+_on_import()

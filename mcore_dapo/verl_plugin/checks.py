@@ -1,0 +1,85 @@
+"""The plugin's own checks of a composed verl config; each failure is one :class:`UserError` line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.errors import UserError
+
+SUPPORTED_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM")
+LAYOUT_KEYS = {
+    "tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size", "cp": "context_parallel_size", "vpp": "virtual_pipeline_model_parallel_size",
+}
+
+
+def check_verl_version(version: str) -> None:
+    from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
+
+    if not verl_version_ok(version):
+        raise UserError(f"verl {version} is not supported by mcore_dapo.verl_plugin: supported is verl{','.join(SUPPORTED_VERL)}")
+
+
+def layout_of(megatron_cfg) -> Layout:
+    vals = {k: megatron_cfg.get(v) for k, v in LAYOUT_KEYS.items()}
+    for k in ("tp", "pp", "ep", "cp"):
+        vals[k] = 1 if vals[k] is None else int(vals[k])
+    return Layout(**vals)
+
+
+def check_architecture(model_dir) -> object:
+    cfg_path = Path(model_dir) / "config.json"
+    if not cfg_path.is_file():
+        raise UserError(f"{cfg_path} does not exist: actor_rollout_ref.model.path must be a Hugging Face model folder")
+    cfg = load_hf_config(model_dir)
+    archs = list(cfg.raw.get("architectures") or [])
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise UserError(f"architecture {archs} is not supported by mcore_dapo: supported are {', '.join(SUPPORTED_ARCHITECTURES)}")
+    return cfg
+
+
+def check_layouts(cfg, actor: Layout, ref: Layout | None, world: int) -> None:
+    actor.validate(cfg, world)
+    if ref is not None and ref != actor:
+        raise UserError(
+            f"actor layout {actor.describe()} and ref layout {ref.describe()} differ: verl initialises Megatron's "
+            "parallel state once per worker, so set actor_rollout_ref.ref.megatron.* equal to the actor's"
+        )
+
+
+def check_batches(c, dp: int, world: int) -> None:
+    actor, rollout, data = c.actor_rollout_ref.actor, c.actor_rollout_ref.rollout, c.data
+    n = int(rollout.n)
+    mini = int(actor.ppo_mini_batch_size)
+    if int(data.train_batch_size) < mini:
+        raise UserError(f"data.train_batch_size={data.train_batch_size} is below actor ppo_mini_batch_size={mini}")
+    if (mini * n) % dp:
+        raise UserError(f"ppo_mini_batch_size*rollout.n = {mini * n} is not divisible by the data-parallel size {dp}")
+    micro = actor.get("ppo_micro_batch_size_per_gpu")
+    if not actor.get("use_dynamic_bsz") and micro and (mini * n // dp) % int(micro):
+        raise UserError(f"ppo_micro_batch_size_per_gpu={micro} does not divide the per-rank mini batch {mini * n // dp}")
+    tp = int(rollout.tensor_model_parallel_size)
+    if world % tp or int(c.trainer.n_gpus_per_node) % tp:
+        raise UserError(f"rollout tensor_model_parallel_size={tp} must divide the devices per node and the world size {world}")
+
+
+def validate(c, model_dir=None) -> dict:
+    """Check a composed verl config for the Megatron path; return the resolved parallel sizes."""
+    import verl
+
+    check_verl_version(verl.__version__)
+    actor = c.actor_rollout_ref.actor
+    if actor.strategy != "megatron" or "megatron" not in actor:
+        raise UserError(f"actor_rollout_ref.actor.strategy={actor.strategy} with {actor._target_}: "
+                        "use actor_rollout_ref.actor.strategy=megatron through mcore_dapo.verl_plugin.main_dapo")
+    world = int(c.trainer.nnodes) * int(c.trainer.n_gpus_per_node)
+    cfg = check_architecture(model_dir or c.actor_rollout_ref.model.path)
+    layout = layout_of(actor.megatron)
+    ref = c.actor_rollout_ref.get("ref")
+    ref_layout = layout_of(ref.megatron) if ref is not None and "megatron" in ref else None
+    check_layouts(cfg, layout, ref_layout, world)
+    dp = layout.dp(world)
+    check_batches(c, dp, world)
+    return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
+            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size)}

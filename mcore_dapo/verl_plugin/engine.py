@@ -1,0 +1,166 @@
+"""verl's Megatron engine with this project's model building, weight loading and weight export.
+
+:class:`McoreDapoEngine` subclasses verl 0.9.1's ``MegatronEngineWithLMHead`` and
+replaces exactly three methods (everything else, losses, schedules, optimizer, is verl's):
+
+* ``_build_tf_config``: the TransformerConfig from :mod:`mcore_dapo.bridge` (Qwen3/Qwen3-MoE,
+  the actor's TP/PP/EP/ETP/CP/VPP, verl's ``override_transformer_config`` on top);
+* ``_build_megatron_module``: the device adapter first (MindSpeed on Ascend, TE on CUDA, gloo
+  and CPU patches on the CPU), the model from :func:`mcore_dapo.runtime.model.build_model`,
+  Megatron's DDP wrapper when training, weights from the HF folder through the bridge or
+  from a torch_dist checkpoint (``megatron.use_dist_checkpointing``);
+* ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed).
+
+Registration: ``language_model``/``megatron`` for the CPU, and vendor keys
+(cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own
+device-only entries. ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in charge on
+CUDA and Ascend. Registration waits until verl imports ``verl.workers.engine`` so that
+``import verl`` never imports Megatron (MindSpeed must be imported before it).
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+
+ENGINE_PACKAGE = "verl.workers.engine"
+_registered = False
+
+
+def register() -> None:
+    """Register the engine with verl's EngineRegistry (once)."""
+    global _registered
+    if _registered:
+        return
+    from verl.workers.engine.base import EngineRegistry
+
+    cls = engine_class()
+    keys = [dict(device="cpu")]
+    if os.environ.get("MCORE_DAPO_VERL_ENGINE", "1") != "0":
+        keys += [dict(device="cuda", vendor="nvidia"), dict(device="npu", vendor="huawei")]
+    for key in keys:
+        registry = EngineRegistry._engines.get("language_model", {}).get("megatron", {})
+        k = (key["device"], key["vendor"]) if "vendor" in key else key["device"]
+        if k not in registry:
+            EngineRegistry.register(model_type="language_model", backend="megatron", **key)(cls)
+    _registered = True
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls :func:`register` right after verl's engine package has been imported."""
+
+    def find_spec(self, name, path, target=None):
+        if name != ENGINE_PACKAGE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_register(module):
+            exec_module(module)
+            register()
+
+        spec.loader.exec_module = exec_and_register
+        return spec
+
+
+def register_when_imported() -> None:
+    if ENGINE_PACKAGE in sys.modules:
+        register()
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+def engine_class():
+    from mcore_dapo.devices import get_adapter
+
+    get_adapter().prepare()  # MindSpeed before Megatron on Ascend
+    from verl.workers.engine.megatron import MegatronEngineWithLMHead
+
+    class McoreDapoEngine(MegatronEngineWithLMHead):
+        def _build_tf_config(self):
+            _build_tf_config(self)
+
+        def _build_megatron_module(self):
+            return _build_megatron_module(self)
+
+        def get_per_tensor_param(self, base_sync_done=False, **kwargs):
+            return export_weights(self), None
+
+    return McoreDapoEngine
+
+
+def _layout(engine_config):
+    from mcore_dapo.verl_plugin.checks import layout_of
+
+    return layout_of(engine_config)
+
+
+def _build_tf_config(engine) -> None:
+    import torch
+
+    from mcore_dapo.bridge import Bridge
+    from mcore_dapo.bridge.megatron_config import build_transformer_config
+    from mcore_dapo.verl_plugin.checks import check_architecture
+
+    cfg = check_architecture(engine.model_config.local_path)
+    engine.is_value_model = False
+    engine.share_embeddings_and_output_weights = cfg.tie_word_embeddings
+    engine.param_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        str(engine.engine_config.dtype), torch.float32)
+    engine.dtype = engine.param_dtype
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
+    engine.mcore_bridge = Bridge(cfg, _layout(engine.engine_config))
+    tf = build_transformer_config(cfg, engine.mcore_bridge.layout, dtype=dtype, aux_loss_coeff=0.0)
+    for k, v in dict(engine.engine_config.override_transformer_config or {}).items():
+        setattr(tf, k, v)
+    engine.tf_config, engine.bridge, engine.provider, engine.vanilla_bridge = tf, None, None, False
+    engine.peft_cls = None
+
+
+def _build_megatron_module(engine):
+    from mcore_dapo.devices import get_adapter
+    from mcore_dapo.runtime.model import build_model
+    from mcore_dapo.runtime.parallel import parallel_info
+
+    adapter = get_adapter()
+    adapter.apply_patches()
+    chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
+                             aux_loss_coeff=0.0)
+    if engine.engine_config.use_dist_checkpointing:
+        from megatron.core import dist_checkpointing
+
+        from mcore_dapo.convert.hf2mcore import sharded_state_dict
+
+        state = dist_checkpointing.load(sharded_state_dict(chunks), engine.engine_config.dist_checkpointing_path)
+        for i, c in enumerate(chunks):
+            c.load_state_dict(state if len(chunks) == 1 else state[f"model{i}"], strict=True)
+    else:
+        from mcore_dapo.io.hf_reader import HFReader
+        from mcore_dapo.runtime.model import load_hf_weights
+
+        with HFReader(engine.model_config.local_path) as reader:
+            load_hf_weights(chunks, engine.mcore_bridge, reader, parallel_info())
+    engine.tf_config = tf
+    if engine.engine_config.forward_only:
+        return chunks
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
+                                        use_distributed_optimizer=engine.engine_config.use_distributed_optimizer)
+    return [DistributedDataParallel(config=tf, ddp_config=ddp, module=c) for c in chunks]
+
+
+def export_weights(engine):
+    """``(hf_name, tensor)`` of the trained model for the rollout, through this project's resharding."""
+    from mcore_dapo.resharding import WeightExporter
+    from mcore_dapo.runtime.parallel import parallel_info
+
+    exporter = getattr(engine, "_mcore_exporter", None)
+    if exporter is None:
+        exporter = WeightExporter(engine.module, engine.mcore_bridge, parallel_info(), dtype=engine.param_dtype)
+        engine._mcore_exporter = exporter
+    return exporter.iter_weights()

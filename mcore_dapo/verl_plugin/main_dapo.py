@@ -1,0 +1,80 @@
+"""``python -m mcore_dapo.verl_plugin.main_dapo <verl overrides>``: verl's PPO/DAPO trainer on the Megatron path.
+
+The overrides are rewritten (``actor_rollout_ref.actor.strategy=megatron`` implies
+``model_engine=megatron``), composed with verl's own Hydra config and checked by
+:func:`mcore_dapo.verl_plugin.checks.validate`; then verl's ``main_ppo.main`` runs
+with the rewritten overrides. ``DRY_RUN=1`` stops after the checks and prints the
+resolved Megatron parallel sizes as one JSON line (no Ray, no device).
+``MCORE_DAPO_MODEL_CONFIG``: a folder with the model's config.json, used by the
+checks when ``actor_rollout_ref.model.path`` is not on this machine (dry runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from mcore_dapo.errors import UserError
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    import verl
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        return hydra_compose("ppo_trainer", overrides=overrides)
+
+
+def verl_validate(c) -> None:
+    """verl's own checks (those main_ppo runs before starting Ray); errors become one line."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    try:
+        validate_config(config=c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))
+    except (AssertionError, ValueError) as e:
+        raise UserError(f"verl rejects the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def dry_run(overrides: list[str]) -> dict:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from mcore_dapo.verl_plugin.checks import validate
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    try:
+        c = compose(rewrite(overrides))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise UserError(f"verl config does not compose: {str(e).splitlines()[0]}") from None
+    sizes = validate(c, os.environ.get("MCORE_DAPO_MODEL_CONFIG"))
+    verl_validate(c)
+    return sizes
+
+
+def main(argv=None) -> int:
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    overrides = list(sys.argv[1:] if argv is None else argv)
+    try:
+        sizes = dry_run(overrides)
+        if os.environ.get("DRY_RUN", "0") not in ("", "0"):
+            print(json.dumps(sizes))
+            return 0
+        new = rewrite(overrides)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    from verl.trainer import main_ppo
+
+    sys.argv = [sys.argv[0], *new]
+    main_ppo.main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
