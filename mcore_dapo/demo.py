@@ -4,7 +4,9 @@
 2. compute its logits with HF transformers in a clean process (the reference);
 3. build it with the bridge as a sharded Megatron model (2 processes, gloo, EP2 with
    both dispatchers, and TP2 with sequence parallelism), load the HF weights, compare
-   logits, run a training forward+backward through Megatron's schedules.
+   logits, run a training forward+backward through Megatron's schedules;
+4. convert it to a Megatron torch_dist checkpoint under EP2, load that under TP2 and compare
+   with HF (``mcore-convert verify``), convert it back to HF and check every tensor's bytes.
 """
 
 from __future__ import annotations
@@ -40,13 +42,31 @@ def reference(hf_dir: Path, out: Path) -> None:
                    check=True, capture_output=True, text=True)
 
 
+def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
+    from mcore_dapo.bridge import Layout
+    from mcore_dapo.convert.api import hf2mcore, mcore2hf
+    from mcore_dapo.convert.verify import verify
+
+    t0 = time.time()
+    m = hf2mcore(hf_dir, workdir / "mcore-ep2", Layout(ep=2), progress=False, overwrite=True)
+    v = verify(hf_dir, workdir / "mcore-ep2", Layout(tp=2))
+    back = mcore2hf(workdir / "mcore-ep2", workdir / "hf-back", nproc=2, progress=False, overwrite=True)
+    return {
+        "written_under": "EP2", "loaded_under": v["layout"], "tensors": m["tensor_count"],
+        "verify_max_abs_diff": v["max_abs_diff"], "verify_passed": v["passed"],
+        "back_to_hf_tensors": back["tensors"], "back_to_hf_checksum_mismatches": len(back["checksum_mismatches"]),
+        "passed": v["passed"] and not back["checksum_mismatches"] and back["tensors"] == m["tensor_count"],
+        "seconds": round(time.time() - t0, 1),
+    }
+
+
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from mcore_dapo.testing.tiny import make_tiny_model
 
     t0 = time.time()
-    steps = tqdm(total=2 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
+    steps = tqdm(total=3 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
     hf_dir = workdir / "tiny-qwen3-moe"
     steps.set_postfix_str("generating tiny Qwen3-MoE")
     make_tiny_model(hf_dir, seed=0)
@@ -63,6 +83,9 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
         r["passed"] = r["max_abs_diff"] < TOLERANCE and r["grads_finite"]
         runs.append(r)
         steps.update()
+    steps.set_postfix_str("conversion round trip")
+    conversion = convert_round_trip(hf_dir, workdir)
+    steps.update()
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -72,7 +95,8 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
         "hf_path": str(hf_dir),
         "tolerance": TOLERANCE,
         "layouts": runs,
-        "passed": all(r["passed"] for r in runs),
+        "conversion": conversion,
+        "passed": all(r["passed"] for r in runs) and conversion["passed"],
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -92,6 +116,14 @@ def render(summary: dict) -> str:
             f"{r['top1_agreement']:6.2f} {r['train_loss']:8.4f} {'ok' if r['grads_finite'] else 'NaN':>9s} "
             f"{r['seconds']:6.1f}  {'PASS' if r['passed'] else 'FAIL'}"
         )
+    c = summary["conversion"]
+    lines += [
+        "",
+        f"conversion: hf2mcore under {c['written_under']} -> torch_dist ({c['tensors']} HF tensors); loaded under "
+        f"{c['loaded_under']}: max|dlogit| {c['verify_max_abs_diff']:.2e}; mcore2hf back: {c['back_to_hf_tensors']} "
+        f"tensors, {c['back_to_hf_checksum_mismatches']} differ from the original  "
+        f"{'PASS' if c['passed'] else 'FAIL'} ({c['seconds']} s)",
+    ]
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]
     return "\n".join(lines)

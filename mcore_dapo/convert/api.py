@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
-import os
 import platform
 from pathlib import Path
 
@@ -68,6 +66,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
             "tensor_count": r["tensors"],
             "checksums": r["checksums"],
             "seconds": r["seconds"],
+            "peak_rss_mb": r["peak_rss_mb"],
         }
         output.write_manifest(partial, manifest)
         output.finish(partial, out, overwrite)
@@ -115,18 +114,12 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
         copy_hf_side_files(config_dir, partial)
         output.finish(partial, out, overwrite)
         return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
-                "seconds": r["seconds"], "checked_against_manifest": manifest is not None,
+                "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+                "checked_against_manifest": manifest is not None,
                 "checksum_mismatches": mismatched}
     except BaseException:
         output.discard(partial)
         raise
 
 
-def default_verify_layout(manifest: dict | None) -> Layout:
-    if manifest:
-        lw = manifest["layout_written"]
-        return Layout(tp=lw["tp"], pp=lw["pp"], ep=lw["ep"], etp=lw["etp"])
-    return Layout()
 
-
-__all__ = ["hf2mcore", "mcore2hf", "default_verify_layout", "DTYPES", "os", "json"]

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.runtime.launch import peak_rss_mb
 from mcore_dapo.convert import output
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
@@ -94,7 +95,7 @@ def run(a) -> dict:
     t_read = time.time() - t0
     dist_checkpointing.save(sharded_state_dict(chunks), str(partial))
     gathered = [None] * info.world_size
-    dist.all_gather_object(gathered, {"sums": sums, "read_bytes": read_bytes})
+    dist.all_gather_object(gathered, {"sums": sums, "read_bytes": read_bytes, "peak_rss_mb": peak_rss_mb()})
     result = {"seconds_read": round(t_read, 3), "seconds": round(time.time() - t0, 3), "dtype": dtype}
     if info.rank == 0:
         all_sums = {}
@@ -104,7 +105,7 @@ def run(a) -> dict:
         if missing:
             raise RuntimeError(f"no rank converted {sorted(missing)[:3]}")
         result.update(tensors=len(all_sums), bytes_read=sum(g["read_bytes"] for g in gathered),
-                      checksums=all_sums)
+                      checksums=all_sums, peak_rss_mb=[g["peak_rss_mb"] for g in gathered])
     dist.barrier()
     return result
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.runtime.launch import peak_rss_mb
 from mcore_dapo.convert import output
 
 SHARD_BYTES = 4 << 30
@@ -105,12 +106,13 @@ def run(a) -> dict:
     flush()
     bar.close()
     gathered = [None] * info.world_size
-    dist.all_gather_object(gathered, {"files": files, "sums": sums, "bytes": written})
+    dist.all_gather_object(gathered, {"files": files, "sums": sums, "bytes": written, "peak_rss_mb": peak_rss_mb()})
     result = {"seconds_load": round(t_load, 3), "seconds": round(time.time() - t0, 3)}
     if info.rank == 0:
         result.update(parts=[f for g in gathered for f in g["files"]],
                       checksums={k: v for g in gathered for k, v in g["sums"].items()},
-                      bytes_written=sum(g["bytes"] for g in gathered), layout=layout.describe())
+                      bytes_written=sum(g["bytes"] for g in gathered), layout=layout.describe(),
+                      peak_rss_mb=[g["peak_rss_mb"] for g in gathered])
     dist.barrier()
     return result
 

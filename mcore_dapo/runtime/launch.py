@@ -17,6 +17,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, in MiB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 class LaunchError(RuntimeError):
     pass
 

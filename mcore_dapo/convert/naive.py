@@ -1,0 +1,71 @@
+"""The naive HF -> Megatron conversion, kept only as the benchmark's baseline.
+
+What the field's scripts do: every process loads the whole HF model with transformers
+``from_pretrained``, then fills its Megatron shard from that in-memory state dict and saves.
+Run with one process by ``tools/bench_convert.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.runtime.launch import peak_rss_mb
+
+
+def main(argv=None) -> int:
+    import torch
+    import torch.distributed as dist
+    from megatron.core import dist_checkpointing
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.convert.hf2mcore import sharded_state_dict
+    from mcore_dapo.runtime.model import build_model, local_params
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info, shutdown
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hf-path", required=True)
+    ap.add_argument("--partial", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    t0 = time.time()
+    layout = Layout(ep=int(__import__("os").environ.get("WORLD_SIZE", "1")))
+    bridge = Bridge.from_hf(a.hf_path, layout)
+    adapter = init_parallel(layout, "cpu")
+    info = parallel_info()
+    hf = AutoModelForCausalLM.from_pretrained(a.hf_path, dtype=torch.bfloat16)
+    # transformers 5 holds experts fused in memory; its save path gives back the hub names
+    state = {}
+    for name, t in hf.state_dict().items():
+        state[name] = t
+    experts = {}
+    for name in list(state):
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix = name[: -len("gate_up_proj")]
+            gate, up = state[name].chunk(2, dim=1)
+            for e in range(gate.shape[0]):
+                experts[f"{prefix}{e}.gate_proj.weight"] = gate[e]
+                experts[f"{prefix}{e}.up_proj.weight"] = up[e]
+            for e, d in enumerate(state[prefix + "down_proj"]):
+                experts[f"{prefix}{e}.down_proj.weight"] = d
+    state.update(experts)
+    chunks, _ = build_model(bridge, adapter, dtype="bf16")
+    with torch.no_grad():
+        for lp in local_params(chunks, bridge, info):
+            m = lp.resolved.mapping
+            rank, size = info.group_rank(m.group)
+            lp.param.data.copy_(m.to_megatron([state[h] for h in lp.resolved.hf], rank, size, bridge.dims))
+    del hf, state, experts
+    dist_checkpointing.save(sharded_state_dict(chunks), a.partial)
+    if dist.get_rank() == 0:
+        Path(a.out).write_text(json.dumps({"seconds": round(time.time() - t0, 3), "peak_rss_mb": peak_rss_mb()}))
+    shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
