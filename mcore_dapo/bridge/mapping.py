@@ -18,6 +18,11 @@ from dataclasses import dataclass
 import torch
 
 
+def _cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
+    """torch.cat, without a copy when there is only one piece (TP 1: export is then free)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
+
+
 @dataclass(frozen=True)
 class Dims:
     """Model sizes the mapping kinds need."""
@@ -45,7 +50,7 @@ class Mapping:
     def to_hf(self, shards: list[torch.Tensor], dims: Dims) -> list[torch.Tensor]:
         if self.split_dim is None or len(shards) == 1:
             return [shards[0]]
-        return [torch.cat(shards, dim=self.split_dim)]
+        return [_cat(shards, self.split_dim)]
 
     def local_shape(self, hf_shapes: list[tuple[int, ...]], size: int, dims: Dims) -> tuple[int, ...]:
         """Shape of one rank's shard, from the HF shapes (no data needed)."""
@@ -80,7 +85,7 @@ class VocabMapping(Mapping):
         return t.chunk(size, dim=0)[rank]
 
     def to_hf(self, shards, dims):
-        return [torch.cat(shards, dim=0)[: dims.vocab_size]]
+        return [_cat(shards, 0)[: dims.vocab_size]]
 
     def local_shape(self, hf_shapes, size, dims):
         (s,) = hf_shapes
@@ -116,7 +121,7 @@ class QKVMapping(Mapping):
         return fused.chunk(size, dim=0)[rank]
 
     def to_hf(self, shards, dims):
-        fused = torch.cat(shards, dim=0)
+        fused = _cat(shards, 0)
         g, d = dims.num_query_groups, dims.head_dim
         per = dims.num_attention_heads // g
         tail = tuple(fused.shape[1:])
@@ -147,7 +152,7 @@ class GatedMLPMapping(Mapping):
 
     def to_hf(self, shards, dims):
         halves = [s.chunk(2, dim=0) for s in shards]
-        return [torch.cat([h[0] for h in halves], dim=0), torch.cat([h[1] for h in halves], dim=0)]
+        return [_cat([h[0] for h in halves], 0), _cat([h[1] for h in halves], 0)]
 
     def local_shape(self, hf_shapes, size, dims):
         return (2 * hf_shapes[0][0] // size,) + tuple(hf_shapes[0][1:])

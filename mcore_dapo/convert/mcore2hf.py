@@ -60,8 +60,9 @@ def run(a) -> dict:
     import torch
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
-    from safetensors.torch import save_file
     from tqdm import tqdm
+
+    from mcore_dapo.io.safetensors_writer import write_safetensors
 
     from mcore_dapo.convert.hf2mcore import sharded_state_dict
     from mcore_dapo.runtime.model import build_model
@@ -85,7 +86,7 @@ def run(a) -> dict:
         nonlocal current, size
         if current:
             fname = f"rank{info.rank:05d}-{len(files):05d}.safetensors"
-            save_file(current, str(partial / fname), metadata={"format": "pt"})
+            write_safetensors(partial / fname, current, metadata={"format": "pt"})
             files.append({"file": fname, "names": list(current)})
             current, size = {}, 0
 
@@ -95,7 +96,7 @@ def run(a) -> dict:
         for lp in bar:
             tensors = lp.resolved.mapping.to_hf([lp.param.detach()], bridge.dims)
             for name, t in zip(lp.resolved.hf, tensors):
-                t = t.contiguous().clone()
+                t = t.contiguous()  # views of the parameters where possible: no copy held per shard
                 sums[name] = output.checksum(t)
                 nbytes = t.numel() * t.element_size()
                 if size and size + nbytes > a.shard_bytes:
@@ -119,7 +120,7 @@ def run(a) -> dict:
 
 def finalize_shards(partial: Path, parts: list[dict], order: list[str]) -> dict:
     """Rename the ranks' part files to HF shard names (in HF tensor order) and write the index."""
-    from safetensors import safe_open
+    from mcore_dapo.io.hf_reader import read_header
 
     pos = {n: i for i, n in enumerate(order)}
     parts = sorted(parts, key=lambda p: min(pos[n] for n in p["names"]))
@@ -127,11 +128,9 @@ def finalize_shards(partial: Path, parts: list[dict], order: list[str]) -> dict:
     for i, p in enumerate(parts):
         name = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
         (partial / p["file"]).rename(partial / name)
-        with safe_open(str(partial / name), framework="pt") as f:
-            for k in f.keys():
-                weight_map[k] = name
-                sl = f.get_slice(k)
-                total += math.prod(sl.get_shape()) * {"F32": 4, "BF16": 2, "F16": 2}[sl.get_dtype()]
+        for k, info in read_header(partial / name).items():
+            weight_map[k] = name
+            total += info.end - info.start
     index = {"metadata": {"total_size": total},
              "weight_map": {k: weight_map[k] for k in sorted(weight_map, key=lambda n: pos[n])}}
     (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
