@@ -1,6 +1,7 @@
 # Two commands: `make demo` and `make test`. Each sets itself up first (a virtual environment
 # in .venv with the pinned versions of requirements/lock.txt, the project installed editable).
 
+SHELL  := /bin/bash
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -11,9 +12,9 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/lock.txt
+$(STAMP): pyproject.toml requirements/lock.txt requirements/lock-verl.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt -r requirements/lock-verl.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -25,7 +26,8 @@ test: $(STAMP)
 
 lock: $(STAMP)
 	head -2 requirements/lock.txt > requirements/lock.txt.new
-	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' >> requirements/lock.txt.new
+	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
+	  | grep -vxFf <(grep -v '^#' requirements/lock-verl.txt) >> requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
 
 clean:

@@ -101,12 +101,12 @@ def layout_overrides(pl: PlanLayout) -> list[str]:
         "expert_tensor_parallel_size": lay.expert_tp,
     }
     out = [f"actor_rollout_ref.{role}.megatron.{k}={v}" for role in ("actor", "ref") for k, v in sizes.items()]
-    for role in ("actor", "ref"):
-        tc = f"+actor_rollout_ref.{role}.megatron.override_transformer_config"
-        if pl.first is not None:
-            out.append(f"{tc}.num_layers_in_first_pipeline_stage={pl.first}")
-        if pl.last is not None:
-            out.append(f"{tc}.num_layers_in_last_pipeline_stage={pl.last}")
+    # uneven stages: set on the actor only; verl's reference inherits the actor's transformer overrides
+    tc = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+    if pl.first is not None:
+        out.append(f"{tc}.num_layers_in_first_pipeline_stage={pl.first}")
+    if pl.last is not None:
+        out.append(f"{tc}.num_layers_in_last_pipeline_stage={pl.last}")
     return out
 
 
@@ -122,7 +122,6 @@ def verl_overrides(c: Candidate, w: Workload) -> list[str]:
     par = w.offload == "param+optimizer"
     out += [
         f"actor_rollout_ref.actor.megatron.param_offload={par}",
-        f"actor_rollout_ref.actor.megatron.grad_offload={par}",
         f"actor_rollout_ref.actor.megatron.optimizer_offload={opt}",
         f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={w.micro_batch_tokens}",
         f"actor_rollout_ref.rollout.gpu_memory_utilization={w.gpu_memory_utilization}",
