@@ -61,10 +61,10 @@ class CollectiveCounter:
         return {"total": self.total, "by_group": dict(self.calls), "bytes_by_group": dict(self.bytes)}
 
 
-def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group) -> None:
+def _all_gather_flat(out: torch.Tensor, inp: torch.Tensor, group, async_op: bool = False):
     # torch >= 2.12 names it all_gather_single; older torch (Ascend images) has only the old name
     fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    fn(out, inp, group=group)
+    return fn(out, inp, group=group, async_op=async_op)
 
 
 class Comm:
@@ -81,17 +81,19 @@ class Comm:
         g = self.groups.get(name)
         return 0 if self.size(name) == 1 else dist.get_rank(g)
 
-    def all_gather_inplace(self, name: str, buf: torch.Tensor) -> None:
+    def all_gather_inplace(self, name: str, buf: torch.Tensor, async_op: bool = False):
         """``buf`` [size, n] holds this rank's part in row :meth:`rank`; fill the other rows (one collective).
 
         In place (the input is the output's own row), as Megatron's distributed optimizer
-        gathers its parameter shards: no separate send buffer.
+        gathers its parameter shards: no separate send buffer. ``async_op``: returns the
+        work handle to ``wait()`` on (None for a group of one).
         """
         if self.size(name) == 1:
-            return
+            return None
         mine = buf[self.rank(name)]
-        _all_gather_flat(buf.view(-1), mine, self.groups.get(name))
+        work = _all_gather_flat(buf.view(-1), mine, self.groups.get(name), async_op)
         self.counter.add(name, mine.numel() * mine.element_size())
+        return work
 
     def broadcast(self, name: str, t: torch.Tensor, src: int) -> None:
         """Broadcast ``t`` from group rank ``src`` (one collective)."""

@@ -4,9 +4,10 @@ Per bucket, on the pipeline stage that owns it:
 
 1. pack this rank's shards of the bucket, cast to the export dtype, into its
    own row of one flat gather buffer per group;
-2. one in-place ``all_gather`` per group (TP for dense weights, EP x ETP for
-   experts) fills the other rows;
-3. assemble every HF tensor into the bucket's flat output buffer with the
+2. one in-place, asynchronous ``all_gather`` per group (TP for dense weights,
+   EP x ETP for experts) fills the other rows, while the tensors every rank
+   holds whole are copied into the output;
+3. assemble every other HF tensor into the bucket's flat output buffer with the
    mapping kinds' ``to_hf`` (QKV de-interleave, gate/up split, vocab padding
    dropped, experts under their global names), then free the gather buffers;
 
@@ -203,7 +204,8 @@ class WeightExporter:
             yield from b.items
 
     def _assemble(self, bp: BucketPlan, out: torch.Tensor, comm: Comm, mem: _Buffers) -> None:
-        recv = {}
+        """Gathers started first; units held whole are copied while they run."""
+        recv, works = {}, []
         groups = list(bp.send_numel)
         bufs = mem.gather_buffers(bp.dtype, [(comm.size(g), bp.send_numel[g]) for g in groups])
         for group, buf in zip(groups, bufs):
@@ -211,9 +213,16 @@ class WeightExporter:
             for u in bp.units:
                 if u.gather == group:
                     mine[u.send_offset:u.send_offset + u.local_numel].view(u.local_shape).copy_(self._mine(u).data)
-            comm.all_gather_inplace(group, buf)
+            works.append(comm.all_gather_inplace(group, buf, async_op=True))
             recv[group] = buf
-        for u in bp.units:
+        self._write(out, [u for u in bp.units if u.gather is None], recv)
+        for w in works:
+            if w is not None:
+                w.wait()
+        self._write(out, [u for u in bp.units if u.gather is not None], recv)
+
+    def _write(self, out: torch.Tensor, units: list[Unit], recv: dict) -> None:
+        for u in units:
             for m in u.members:
                 hf = u.mapping.to_hf(self._shards(u, m, recv), self.bridge.dims)
                 for piece, t in zip(m.pieces, hf):
