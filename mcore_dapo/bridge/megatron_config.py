@@ -128,13 +128,34 @@ def gpt_model_kwargs(cfg: HFModelConfig, layout: Layout, *, make_vocab_size_divi
     )
 
 
-def build_transformer_config(cfg: HFModelConfig, layout: Layout, **kwargs):
+def split_overrides(overrides: dict | None) -> tuple[dict, dict]:
+    """(TransformerConfig fields, everything else) of a user's ``override_transformer_config``.
+
+    The rest are device feature flags (MindSpeed's on Ascend), for ``DeviceAdapter.configure``.
+    """
+    import dataclasses
+
+    from megatron.core.transformer import TransformerConfig
+
+    fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    overrides = dict(overrides or {})
+    return ({k: v for k, v in overrides.items() if k in fields},
+            {k: v for k, v in overrides.items() if k not in fields})
+
+
+def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict | None = None, **kwargs):
+    """The TransformerConfig; ``overrides`` (TransformerConfig fields only) win over the mapping."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
     kw = transformer_config_kwargs(cfg, layout, **kwargs)
-    kw["params_dtype"] = getattr(torch, kw["params_dtype"])
+    fields, unknown = split_overrides(overrides)
+    if unknown:
+        raise UserError(f"override_transformer_config keys {sorted(unknown)} are not TransformerConfig fields")
+    kw.update(fields)
+    if isinstance(kw["params_dtype"], str):
+        kw["params_dtype"] = getattr(torch, kw["params_dtype"])
     kw["pipeline_dtype"] = kw["params_dtype"]
     kw["activation_func"] = F.silu
     return TransformerConfig(**kw)

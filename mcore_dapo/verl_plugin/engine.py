@@ -81,6 +81,10 @@ def engine_class():
     from verl.workers.engine.megatron import MegatronEngineWithLMHead
 
     class McoreDapoEngine(MegatronEngineWithLMHead):
+        def _init_device_mesh(self):
+            _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
+            super()._init_device_mesh()
+
         def _build_tf_config(self):
             _build_tf_config(self)
 
@@ -99,11 +103,28 @@ def _layout(engine_config):
     return layout_of(engine_config)
 
 
+def _configure_device(engine) -> None:
+    """Feature flags for the device: on Ascend the whole override_transformer_config goes to
+    MindSpeed's ``repatch`` (as verl's own NPU engine does); elsewhere there are none."""
+    from mcore_dapo.devices import get_adapter
+
+    adapter = get_adapter()
+    if adapter.name != "npu":
+        return
+    flags = dict(engine.engine_config.override_transformer_config or {})
+    flags.setdefault("use_flash_attn", True)
+    if engine.engine_config.context_parallel_size > 1:
+        flags["context_parallel_size"] = engine.engine_config.context_parallel_size
+    adapter.configure(flags)
+
+
 def _build_tf_config(engine) -> None:
     import torch
 
     from mcore_dapo.bridge import Bridge
-    from mcore_dapo.bridge.megatron_config import build_transformer_config
+    from mcore_dapo.bridge.megatron_config import build_transformer_config, split_overrides
+    from mcore_dapo.devices import get_adapter
+    from mcore_dapo.errors import UserError
     from mcore_dapo.verl_plugin.checks import check_architecture
 
     cfg = check_architecture(engine.model_config.local_path)
@@ -114,9 +135,12 @@ def _build_tf_config(engine) -> None:
     engine.dtype = engine.param_dtype
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
     engine.mcore_bridge = Bridge(cfg, _layout(engine.engine_config))
-    tf = build_transformer_config(cfg, engine.mcore_bridge.layout, dtype=dtype, aux_loss_coeff=0.0)
-    for k, v in dict(engine.engine_config.override_transformer_config or {}).items():
-        setattr(tf, k, v)
+    fields, flags = split_overrides(engine.engine_config.override_transformer_config)
+    if flags and get_adapter().name != "npu":
+        raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
+                        "(MindSpeed feature flags are accepted on Ascend only)")
+    engine.mcore_overrides = fields
+    tf = build_transformer_config(cfg, engine.mcore_bridge.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
     engine.tf_config, engine.bridge, engine.provider, engine.vanilla_bridge = tf, None, None, False
     engine.peft_cls = None
 
@@ -129,7 +153,7 @@ def _build_megatron_module(engine):
     adapter = get_adapter()
     adapter.apply_patches()
     chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
-                             aux_loss_coeff=0.0)
+                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides)
     if engine.engine_config.use_dist_checkpointing:
         from megatron.core import dist_checkpointing
 
