@@ -1,4 +1,4 @@
-"""``mcore-dapo``: env, demo, and the tools of the later layers."""
+"""``mcore-dapo``: env, demo, plan, metrics, compare, sync-bench."""
 
 from __future__ import annotations
 
@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mcore_dapo.cli.analysis import add_commands as analysis_commands
 
     analysis_commands(sub)
+    from mcore_dapo.cli.sync import add_commands as sync_commands
+
+    sync_commands(sub)
     return ap
 
 
