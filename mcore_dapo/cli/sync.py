@@ -55,8 +55,8 @@ def _validated(a):
 
 def _args(a, layout, status: Path) -> list[str]:
     args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
-            "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat), "--output-ring", str(a.output_ring),
-            "--device", a.device, "--status-file", str(status)]
+            "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
+            "--output-ring", str(a.output_ring), "--device", a.device, "--status-file", str(status)]
     return args + (["--dtype", a.dtype] if a.dtype else [])
 
 

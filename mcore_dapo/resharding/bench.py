@@ -31,7 +31,8 @@ def parse_args(argv=None):
         ap.add_argument(f"--{g}", type=int, default=1)
     ap.add_argument("--etp", type=int, default=None)
     ap.add_argument("--bucket-mb", type=float, default=1024.0)
-    ap.add_argument("--dtype", choices=sorted(TORCH), default=None, help="model and export dtype (default: the checkpoint's)")
+    ap.add_argument("--dtype", choices=sorted(TORCH), default=None,
+                    help="model and export dtype (default: the checkpoint's)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--output-ring", type=int, default=1, help="pooled output buffers (0: a fresh one per bucket)")
@@ -129,6 +130,21 @@ def _build(a):
     return bridge, adapter, info, chunks, reader, dtype
 
 
+def _limits(exporter, stats) -> dict:
+    """What bounds a sync, measured in the same processes: flat collectives and one copy of every byte."""
+    flat = flat_limit(exporter, stats)
+    flat_s = sum(g["seconds"] for g in flat.values())
+    plan = exporter.plan
+    mem = memcpy_gbps(max(b.numel for b in plan.buckets), plan.buckets[0].dtype, exporter.device)
+    bound_s = flat_s + stats.bytes / (mem * 1e9)
+    return {
+        "flat_collectives": flat, "flat_seconds": round(flat_s, 4),
+        "flat_gbps": round(stats.bytes / flat_s / 1e9, 3) if flat_s else None,
+        "memcpy_gbps": round(mem, 3), "bound_seconds": round(bound_s, 4),
+        "bound_gbps": round(stats.bytes / bound_s / 1e9, 3),
+    }
+
+
 def run(a) -> dict:
     from mcore_dapo.resharding import WeightExporter
 
@@ -146,11 +162,7 @@ def run(a) -> dict:
     stats = exporter.last_stats
     check = verify_against_checkpoint(exporter, reader, TORCH[dtype], a)
     _status(a, "measuring the limits")
-    flat = flat_limit(exporter, stats)
-    flat_s = sum(g["seconds"] for g in flat.values())
-    mem = memcpy_gbps(max(b.numel for b in plan.buckets), TORCH[dtype], exporter.device)
     best = min(times)
-    bound_s = flat_s + stats.bytes / (mem * 1e9)
     return {
         "layout": bridge.layout.describe(), "world_size": info.world_size, "device": adapter.name, "dtype": dtype,
         "tensors": stats.tensors, "bytes": stats.bytes, "buckets": stats.buckets, "bucket_bytes": exporter.bucket_bytes,
@@ -160,21 +172,20 @@ def run(a) -> dict:
         "plan_seconds": round(plan_s, 4), "seconds": round(best, 4), "seconds_all": [round(t, 4) for t in times],
         "gbps": round(stats.bytes / best / 1e9, 3),
         "peak_buffer_bytes": int(_max(stats.peak_buffer_bytes)),
-        "flat_collectives": flat, "flat_seconds": round(flat_s, 4), "flat_gbps": round(stats.bytes / flat_s / 1e9, 3) if flat_s else None,
-        "memcpy_gbps": round(mem, 3), "bound_seconds": round(bound_s, 4),
-        "bound_gbps": round(stats.bytes / bound_s / 1e9, 3),
+        **_limits(exporter, stats),
         **check,
     }
 
 
 def render(r: dict) -> str:
     """The result as a small table."""
-    gb = r["bytes"] / 1e9
+    gb, mib = r["bytes"] / 1e9, r["bucket_bytes"] / 2**20
     flat = r["flat_gbps"] if r["flat_gbps"] is not None else "n/a (no collective needed)"
     rows = [
         ("layout", f"{r['layout']} on {r['world_size']} {r['device']} processes, {r['dtype']}"),
-        ("tensors / bytes", f"{r['tensors']} / {gb:.3f} GB in {r['buckets']} buckets of <= {r['bucket_bytes'] / 2**20:g} MiB"),
-        ("collectives per sync", f"{r['collectives']} ({r['collectives_by_group']}); per-tensor export: {r['per_tensor_collectives']}"),
+        ("tensors / bytes", f"{r['tensors']} / {gb:.3f} GB in {r['buckets']} buckets of <= {mib:g} MiB"),
+        ("collectives per sync",
+         f"{r['collectives']} ({r['collectives_by_group']}); per-tensor export: {r['per_tensor_collectives']}"),
         ("sync", f"{r['seconds']} s ({r['gbps']} GB/s); all runs {r['seconds_all']}; plan {r['plan_seconds']} s"),
         ("limit: flat collectives", f"{r['flat_seconds']} s for the same bytes per group ({flat} GB/s of weights)"),
         ("limit: memcpy", f"{r['memcpy_gbps']} GB/s"),

@@ -144,6 +144,8 @@ class WeightExporter:
 
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
             raise UserError(f"bucket_bytes={bucket_bytes!r} is not accepted: a positive number of bytes is")
+        if not isinstance(output_ring, int) or output_ring < 0:
+            raise UserError(f"output_ring={output_ring!r} is not accepted: 0 or a positive number of buffers is")
         self.bridge, self.info, self.dtype = bridge, info, dtype
         self.bucket_bytes, self.broadcast_pp, self.output_ring = bucket_bytes, broadcast_pp, output_ring
         self.groups = groups or Groups.from_megatron()
@@ -175,28 +177,33 @@ class WeightExporter:
                 mem.reserve("gather", b.dtype, sum(comm.size(g) * n for g, n in b.send_numel.items()))
         largest = max((b.numel for b in todo), default=0)
         for bp in tqdm(todo, desc="weight sync", unit="bucket", disable=not progress, leave=False):
-            out = mem.output(bp.numel, bp.dtype, largest)
-            sums = None
-            if bp.stage == self.info.pp_rank:
-                self._assemble(bp, out, comm, mem)
-                if checksums:
-                    sums = torch.tensor([checksum(out[p.offset:p.offset + p.numel]) for p in bp.pieces()])
-            if self.broadcast_pp:
-                comm.broadcast("pp", out, plan.pp_pos[bp.stage])
-                if checksums:
-                    sums = (sums if sums is not None else torch.zeros(len(bp.pieces()), dtype=torch.long)).to(self.device)
-                    comm.broadcast("pp", sums, plan.pp_pos[bp.stage])
-            items = [(p.name, out[p.offset:p.offset + p.numel].view(p.shape)) for p in bp.pieces()]
-            stats.tensors += len(items)
+            bucket = self._bucket(bp, mem.output(bp.numel, bp.dtype, largest), comm, mem, checksums)
+            stats.tensors += len(bucket.items)
             stats.bytes += bp.nbytes
             stats.buckets += 1
             if not mem.ring:
-                mem.free(out)  # the consumer's now
-            yield Bucket(bp.index, items, out, None if sums is None else
-                         {p.name: int(s) for p, s in zip(bp.pieces(), sums.cpu().tolist())})
+                mem.free(bucket.buffer)  # the consumer's now
+            yield bucket
         mem.release()
         stats.seconds = time.perf_counter() - t0
         self.last_stats = stats
+
+    def _bucket(self, bp: BucketPlan, out: torch.Tensor, comm: Comm, mem: _Buffers, checksums: bool) -> Bucket:
+        """Fill ``out`` (the owner stage assembles it, the PP broadcast brings it to the others)."""
+        sums, pieces = None, bp.pieces()
+        if bp.stage == self.info.pp_rank:
+            self._assemble(bp, out, comm, mem)
+            if checksums:
+                sums = torch.tensor([checksum(out[p.offset:p.offset + p.numel]) for p in pieces])
+        if self.broadcast_pp:
+            src = self.plan.pp_pos[bp.stage]
+            comm.broadcast("pp", out, src)
+            if checksums:
+                sums = (sums if sums is not None else torch.zeros(len(pieces), dtype=torch.long)).to(self.device)
+                comm.broadcast("pp", sums, src)
+        items = [(p.name, out[p.offset:p.offset + p.numel].view(p.shape)) for p in pieces]
+        named = None if sums is None else {p.name: int(v) for p, v in zip(pieces, sums.cpu().tolist())}
+        return Bucket(bp.index, items, out, named)
 
     def iter_weights(self, **kw) -> Iterator[tuple[str, torch.Tensor]]:
         """``(hf_name, tensor)`` one at a time (what ``load_weights`` takes), bucketed underneath."""

@@ -193,7 +193,8 @@ def _bucketize(units: list[Unit], bucket_bytes: int, dtype: torch.dtype | None) 
         out_dtype = dtype or getattr(torch, u.src_dtype)
         b = buckets[-1] if buckets else None
         unit_bytes = u.out_numel * torch.empty((), dtype=out_dtype).element_size()
-        if b is None or b.stage != u.stage or b.dtype != out_dtype or (b.units and b.nbytes + unit_bytes > bucket_bytes):
+        full = b is not None and bool(b.units) and b.nbytes + unit_bytes > bucket_bytes
+        if b is None or b.stage != u.stage or b.dtype != out_dtype or full:
             b = BucketPlan(len(buckets), u.stage, out_dtype)
             buckets.append(b)
         if u.gather is not None:
