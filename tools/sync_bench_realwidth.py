@@ -7,8 +7,8 @@ it; every argument after ``--`` goes to sync-bench::
 
     python tools/sync_bench_realwidth.py --layers 1 --workdir WORK -- --ep 2 --bucket-mb 1024
 
-One layer is about 1.9 GB in bf16 (embedding and output layer 1.2 GB, the 128
-experts 0.6 GB); each further layer adds about 0.6 GB.
+One layer is about 2.5 GB in bf16 (embedding and output layer 1.24 GB, the 128
+experts 1.21 GB); each further layer adds about 1.23 GB. PP2 needs two layers.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def sync_weights(exporter: WeightExporter, receiver, *, verify: bool = False, pr
     ``verify``: the trainer sends per-tensor checksums; the receiver's copy is
     read back (``read_weight``) or, for receivers without it, the received tensors
     are summed; any difference raises :class:`ChecksumMismatch` once the stream
-    has ended (every rank finishes the collectives first, so none hangs).
+    has ended (every rank finishes the collectives first, so none hangs). Checksums
+    compare bits: export in the dtype the receiver holds.
     """
     check_before_writing(exporter, receiver)
     read = getattr(receiver, "read_weight", None)
