@@ -6,7 +6,12 @@
    both dispatchers, and TP2 with sequence parallelism), load the HF weights, compare
    logits, run a training forward+backward through Megatron's schedules;
 4. convert it to a Megatron torch_dist checkpoint under EP2, load that under TP2 and compare
-   with HF (``mcore-convert verify``), convert it back to HF and check every tensor's bytes.
+   with HF (``mcore-convert verify``), convert it back to HF and check every tensor's bytes;
+5. rollout sync: export the EP2 model in buckets into an HF model (bit-exact, logits equal),
+   take an optimizer step on the Megatron side, sync again, compare logits with Megatron's;
+6. one DAPO policy update with verl's own functions (dapo reward manager, GRPO advantages,
+   clipped policy loss) on the EP2 Megatron model, against a one-process HF reference
+   (when verl is installed).
 """
 
 from __future__ import annotations
@@ -60,13 +65,50 @@ def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
     }
 
 
+def rollout_sync(hf_dir: Path, ref: Path) -> dict:
+    r = torchrun("mcore_dapo.resharding.check", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
+                                                 "--ep", "2"], 2)
+    big = r["export_big"]
+    return {
+        "layout": r["layout"], "tensors": big["tensors"], "buckets": big["buckets"],
+        "collectives": big["collectives"]["total"], "per_tensor_collectives": big["per_tensor_collectives"],
+        "export_mismatches": big["mismatches"], "rollout_vs_hf_max_abs_diff": r["receiver_vs_reference"],
+        "weights_changed_by_step": r["changed_fraction"],
+        "rollout_vs_trained_megatron_max_abs_diff": r["trained_receiver_vs_megatron"],
+        "passed": big["mismatches"] == 0 and r["receiver_vs_reference"] < TOLERANCE
+        and r["trained_receiver_vs_megatron"] < TOLERANCE and r["changed_fraction"] > 0.5,
+    }
+
+
+def dapo_update(hf_dir: Path, workdir: Path) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return {"skipped": "verl is not installed (pip install -e '.[verl]')"}
+    work = workdir / "dapo"
+    work.mkdir(exist_ok=True)
+    got = torchrun("mcore_dapo.verl_plugin.dapo_check", ["--hf-path", str(hf_dir), "--work", str(work),
+                                                         "--ep", "2"], 2)
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path",
+                          str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
+    want = json.loads(ref.stdout.strip().splitlines()[-1])
+    return {
+        "layout": got["layout"], "loss": got["loss"], "reference_loss": want["loss"],
+        "grad_norm": got["grad_norm"], "reference_grad_norm": want["grad_norm"],
+        "rollout_weights_vs_reference_max_abs_diff": want["max_weight_diff"],
+        "passed": abs(got["loss"] - want["loss"]) <= 1e-4 * abs(want["loss"]) + 1e-6
+        and abs(got["grad_norm"] - want["grad_norm"]) <= 1e-4 * want["grad_norm"]
+        and want["max_weight_diff"] < 1e-4,
+    }
+
+
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from mcore_dapo.testing.tiny import make_tiny_model
 
     t0 = time.time()
-    steps = tqdm(total=3 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
+    steps = tqdm(total=5 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
     hf_dir = workdir / "tiny-qwen3-moe"
     steps.set_postfix_str("generating tiny Qwen3-MoE")
     make_tiny_model(hf_dir, seed=0)
@@ -86,6 +128,12 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     steps.set_postfix_str("conversion round trip")
     conversion = convert_round_trip(hf_dir, workdir)
     steps.update()
+    steps.set_postfix_str("train one step, sync to the rollout model")
+    sync = rollout_sync(hf_dir, ref)
+    steps.update()
+    steps.set_postfix_str("DAPO update with verl's functions")
+    dapo = dapo_update(hf_dir, workdir)
+    steps.update()
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -96,7 +144,10 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
         "tolerance": TOLERANCE,
         "layouts": runs,
         "conversion": conversion,
-        "passed": all(r["passed"] for r in runs) and conversion["passed"],
+        "rollout_sync": sync,
+        "dapo_update": dapo,
+        "passed": all(r["passed"] for r in runs) and conversion["passed"] and sync["passed"]
+        and dapo.get("passed", True),
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -124,6 +175,23 @@ def render(summary: dict) -> str:
         f"tensors, {c['back_to_hf_checksum_mismatches']} differ from the original  "
         f"{'PASS' if c['passed'] else 'FAIL'} ({c['seconds']} s)",
     ]
+    y = summary["rollout_sync"]
+    lines += [
+        f"rollout sync ({y['layout']}): {y['tensors']} tensors in {y['buckets']} bucket(s), {y['collectives']} "
+        f"collectives (per-tensor: {y['per_tensor_collectives']}), export bit-exact: {y['export_mismatches'] == 0}; "
+        f"rollout vs HF max|dlogit| {y['rollout_vs_hf_max_abs_diff']:.2e}; after an Adam step and a second sync, "
+        f"rollout vs trained Megatron {y['rollout_vs_trained_megatron_max_abs_diff']:.2e}  "
+        f"{'PASS' if y['passed'] else 'FAIL'}",
+    ]
+    d = summary["dapo_update"]
+    if "skipped" in d:
+        lines.append(f"DAPO update: skipped ({d['skipped']})")
+    else:
+        lines.append(
+            f"DAPO update with verl's loss ({d['layout']}): loss {d['loss']:.7f} vs one-process reference "
+            f"{d['reference_loss']:.7f}, grad norm {d['grad_norm']:.6f} vs {d['reference_grad_norm']:.6f}; "
+            f"rollout weights vs reference max|d| {d['rollout_weights_vs_reference_max_abs_diff']:.1e}  "
+            f"{'PASS' if d['passed'] else 'FAIL'}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]
     return "\n".join(lines)
