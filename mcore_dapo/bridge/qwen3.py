@@ -6,7 +6,7 @@ Megatron names are canonical (see :mod:`mcore_dapo.bridge.names`): global layer
 
 from __future__ import annotations
 
-from mcore_dapo.bridge.mapping import column, gated_mlp, qkv, replicated, row, vocab
+from mcore_dapo.bridge.mapping import gated_mlp, qkv, replicated, row, vocab
 
 L = "decoder.layers.{L}."
 H = "model.layers.{L}."

@@ -11,7 +11,6 @@ torchrun (``torchrun --nproc-per-node N -m mcore_dapo.convert.hf2mcore ...``).
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 import time
@@ -111,16 +110,10 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    import torch.distributed as dist
-
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
-    result = run(a)
-    if dist.get_rank() == 0 and a.out:
-        Path(a.out).write_text(json.dumps(result))
-    shutdown()
-    return 0
+    return finish_worker(run(a), a.out)
 
 
 def copy_hf_side_files(hf_path: Path, dest: Path) -> None:

@@ -138,16 +138,10 @@ def finalize_shards(partial: Path, parts: list[dict], order: list[str]) -> dict:
 
 
 def main(argv=None) -> int:
-    import torch.distributed as dist
-
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
-    result = run(a)
-    if dist.get_rank() == 0 and a.out:
-        Path(a.out).write_text(json.dumps(result))
-    shutdown()
-    return 0
+    return finish_worker(run(a), a.out)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 

@@ -157,9 +157,7 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
 
 
 def main(argv=None) -> int:
-    import torch.distributed as dist
-
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
     specs = json.loads(a.layouts)
@@ -168,15 +166,7 @@ def main(argv=None) -> int:
     for d, pl in zip(specs, layouts):
         r = check_layout(a.hf_path[d.get("model", 0)], pl, a.device, a.dtype)
         results.append({"model": d.get("model", 0), **r})
-    if dist.get_rank() == 0:
-        text = json.dumps({"layouts": results, "all_match": all(r["match"] for r in results)})
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
-        else:
-            print(text)
-    shutdown()
-    return 0
+    return finish_worker({"layouts": results, "all_match": all(r["match"] for r in results)}, a.out)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
@@ -115,21 +114,10 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
-    result = run(a)
-    import torch.distributed as dist
-
-    if dist.get_rank() == 0:
-        text = json.dumps(result)
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
-        else:
-            print(text)
-    shutdown()
-    return 0
+    return finish_worker(run(a), a.out)
 
 
 if __name__ == "__main__":

@@ -48,3 +48,20 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
             tail = "" if stream else "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
             raise LaunchError(f"{module} {' '.join(args)} failed with exit code {proc.returncode}:\n{tail}")
         return json.loads(out.read_text())
+
+
+def finish_worker(result: dict | None, out: str | None) -> int:
+    """End of a torchrun worker: rank 0 writes ``result`` as JSON to ``out`` (stdout when None);
+    then the process groups are shut down. The other half of :func:`torchrun`."""
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.parallel import shutdown
+
+    if dist.get_rank() == 0:
+        text = json.dumps(result)
+        if out:
+            Path(out).write_text(text)
+        else:
+            print(text)
+    shutdown()
+    return 0
