@@ -94,16 +94,18 @@ def test_checksums_catch_a_corrupting_receiver(run):
     assert err and "1 tensor(s) differ" in err and "'model.layers.1.mlp.experts.5.up_proj.weight'" in err
 
 
-def test_sync_bench_cli(tiny_moe, capsys):
+@pytest.mark.parametrize("nproc,args", [(2, ["--ep", "2"]), (4, ["--pp", "2", "--ep", "2"])], ids=["ep2", "pp2-ep2"])
+def test_sync_bench_cli(tiny_moe, capsys, nproc, args):
     import json
 
     from test_resharding_receiver import sync_bench_cli
 
     from mcore_dapo.resharding.bench import render
 
-    assert sync_bench_cli(["--hf-path", str(tiny_moe), "--ep", "2", "--bucket-mb", "0.05", "--json"]) == 0
+    assert sync_bench_cli(["--hf-path", str(tiny_moe), *args, "--bucket-mb", "0.05", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["bit_exact"] and r["nproc"] == 2 and r["tensors"] == 135
-    assert r["collectives"] <= r["buckets"] and r["collectives"] < r["per_tensor_collectives"]
+    assert r["bit_exact"] and r["nproc"] == nproc and r["tensors"] == 135
+    groups = 1 + ("--pp" in args)
+    assert r["collectives"] <= groups * r["buckets"] and r["collectives"] < r["per_tensor_collectives"]
     assert r["flat_seconds"] > 0 and r["memcpy_gbps"] > 0 and r["gbps"] > 0
     assert "bit-exact vs checkpoint  yes" in render(r)

@@ -75,25 +75,30 @@ def verify_against_checkpoint(exporter, reader, dtype, a) -> dict:
     return {"bit_exact": mismatches == 0, "first_mismatch": bad[0] if bad else None}
 
 
-def flat_limit(exporter, stats) -> dict:
-    """One collective per group with the bytes the sync moved over it: what coalescing can at best reach."""
-    from mcore_dapo.resharding.comm import Comm
+def flat_limit(exporter, stats, repeat: int = 2) -> dict:
+    """One collective per group with the bytes the sync moved over it (best of ``repeat``, buffers
+    touched first): what coalescing everything into one call would take."""
+    from mcore_dapo.resharding.comm import GROUP_NAMES, Comm
 
     comm, out = Comm(exporter.groups), {}
     dtype = exporter.plan.buckets[0].dtype
     size = torch.empty((), dtype=dtype).element_size()
-    for group, nbytes in stats.collectives.bytes.items():
-        if group not in ("tp", "expert", "pp"):
+    for group in GROUP_NAMES:  # a fixed order: stages differ in what they gathered, and in the order
+        nbytes = stats.collectives.bytes.get(group, 0)
+        if not _max(nbytes):
             continue
-        n = nbytes // size
-        buf = torch.empty((comm.size(group), n) if group != "pp" else (n,), dtype=dtype, device=exporter.device)
-        dist.barrier()
-        t0 = time.perf_counter()
-        if group == "pp":
-            comm.broadcast("pp", buf, 0)
-        else:
-            comm.all_gather_inplace(group, buf)
-        out[group] = {"bytes": nbytes, "seconds": _max(time.perf_counter() - t0)}
+        n = nbytes // size  # the same on every member of the group (0 where a stage gathered nothing)
+        buf = torch.zeros((comm.size(group), n) if group != "pp" else (n,), dtype=dtype, device=exporter.device)
+        best = float("inf")
+        for _ in range(repeat):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if n and group == "pp":
+                comm.broadcast("pp", buf, 0)
+            elif n:
+                comm.all_gather_inplace(group, buf)
+            best = min(best, _max(time.perf_counter() - t0))
+        out[group] = {"bytes": nbytes, "seconds": best}
         del buf
     return out
 
