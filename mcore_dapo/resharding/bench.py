@@ -12,7 +12,6 @@ collectives, and memcpy bandwidth. Rank 0 writes the JSON result.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -203,18 +202,10 @@ def render(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
-    result = run(a)
-    if dist.get_rank() == 0:
-        text = json.dumps(result)
-        if a.out:
-            Path(a.out).write_text(text)
-        else:
-            print(text)
-    shutdown()
-    return 0
+    return finish_worker(run(a), a.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ the assertions are the caller's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
@@ -217,19 +216,10 @@ def _train_and_resync(chunks, tf, exporter, receiver, model, tokens, bridge, hf_
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.parallel import shutdown
+    from mcore_dapo.runtime.launch import finish_worker
 
     a = parse_args(argv)
-    result = run(a)
-    if dist.get_rank() == 0:
-        text = json.dumps(result)
-        if a.out:
-            with open(a.out, "w") as f:
-                f.write(text)
-        else:
-            print(text)
-    shutdown()
-    return 0
+    return finish_worker(run(a), a.out)
 
 
 if __name__ == "__main__":
