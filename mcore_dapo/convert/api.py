@@ -29,6 +29,15 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def _workers(name: str, args: list[str], nproc: int, progress: bool) -> dict:
+    """Run the ``name`` conversion worker in ``nproc`` processes; its failure is one line."""
+    try:
+        return torchrun(f"mcore_dapo.convert.{name}", [*args, *(["--progress"] if progress else [])], nproc,
+                        timeout=None, stream=progress)
+    except LaunchError as e:
+        raise UserError(f"{name} failed: {str(e).splitlines()[0]}") from None
+
+
 def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *, nproc: int | None = None,
              dtype: str = "auto", overwrite: bool = False, progress: bool = True) -> dict:
     """Convert an HF checkpoint folder to a torch_dist checkpoint at ``out``; returns the manifest."""
@@ -39,19 +48,12 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
     out = output.check_output(out, overwrite)
     summary = check_hf_checkpoint(hf_path, bridge)
     n = _nproc(layout, nproc)
-    partial = output.partial_dir(out)
-    partial.mkdir()
-    try:
+    with output.staged(out, overwrite) as partial:
         args = ["--hf-path", str(hf_path), "--partial", str(partial), "--tp", str(layout.tp), "--pp",
                 str(layout.pp), "--ep", str(layout.ep), "--dtype", dtype]
         if layout.etp is not None:
             args += ["--etp", str(layout.etp)]
-        if progress:
-            args.append("--progress")
-        try:
-            r = torchrun("mcore_dapo.convert.hf2mcore", args, n, timeout=None, stream=progress)
-        except LaunchError as e:
-            raise UserError(f"hf2mcore failed: {str(e).splitlines()[0]}") from None
+        r = _workers("hf2mcore", args, n, progress)
         copy_hf_side_files(hf_path, partial / output.HF_CONFIG_DIR)
         manifest = {
             "kind": "megatron-torch_dist",
@@ -69,16 +71,13 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
             "peak_rss_mb": r["peak_rss_mb"],
         }
         output.write_manifest(partial, manifest)
-        output.finish(partial, out, overwrite)
-        return manifest
-    except BaseException:
-        output.discard(partial)
-        raise
+    return manifest
 
 
 def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path | None = None,
              nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
     """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
+    from mcore_dapo.bridge.qwen3 import hf_shapes
     from mcore_dapo.convert.mcore2hf import finalize_shards
 
     mcore_path = Path(mcore_path)
@@ -91,35 +90,18 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
     out = output.check_output(out, overwrite)
     if nproc < 1:
         raise UserError(f"nproc={nproc} is not accepted: a positive integer is")
-    partial = output.partial_dir(out)
-    partial.mkdir()
-    try:
+    with output.staged(out, overwrite) as partial:
         args = ["--mcore-path", str(mcore_path), "--hf-config", str(config_dir), "--partial", str(partial),
                 "--dtype", dtype]
-        if progress:
-            args.append("--progress")
-        try:
-            r = torchrun("mcore_dapo.convert.mcore2hf", args, nproc, timeout=None, stream=progress)
-        except LaunchError as e:
-            raise UserError(f"mcore2hf failed: {str(e).splitlines()[0]}") from None
+        r = _workers("mcore2hf", args, nproc, progress)
         expected = bridge.hf_names()
         if set(r["checksums"]) != set(expected):
             raise RuntimeError(f"mcore2hf wrote {len(r['checksums'])} tensors, the model has {len(expected)}")
         mismatched = []
         if manifest is not None:
             mismatched = [k for k, v in manifest["checksums"].items() if r["checksums"].get(k) != v]
-        from mcore_dapo.bridge.qwen3 import hf_shapes
-
         finalize_shards(partial, r["parts"], list(hf_shapes(bridge.cfg)))
         copy_hf_side_files(config_dir, partial)
-        output.finish(partial, out, overwrite)
-        return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
-                "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
-                "checked_against_manifest": manifest is not None,
-                "checksum_mismatches": mismatched}
-    except BaseException:
-        output.discard(partial)
-        raise
-
-
-
+    return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
+            "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
+            "checked_against_manifest": manifest is not None, "checksum_mismatches": mismatched}

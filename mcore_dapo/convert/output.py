@@ -7,6 +7,7 @@ An interrupted run leaves at most a ``.partial`` folder, never a finished-lookin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +58,19 @@ def finish(partial: Path, out: Path, overwrite: bool) -> None:
 
 def discard(partial: Path) -> None:
     shutil.rmtree(partial, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged(out: Path, overwrite: bool):
+    """Yield a fresh ``.partial`` folder; move it to ``out`` when the block completes, else remove it."""
+    partial = partial_dir(out)
+    partial.mkdir()
+    try:
+        yield partial
+        finish(partial, out, overwrite)
+    except BaseException:
+        discard(partial)
+        raise
 
 
 def checksum(t: torch.Tensor) -> str:
