@@ -52,6 +52,15 @@ def sharded_state_dict(chunks) -> dict:
     return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
 
 
+def load_dist_checkpoint(chunks, path) -> None:
+    """Load a torch_dist checkpoint (written under any layout) into this rank's model chunks."""
+    from megatron.core import dist_checkpointing
+
+    state = dist_checkpointing.load(sharded_state_dict(chunks), str(path))
+    for i, c in enumerate(chunks):
+        c.load_state_dict(state if len(chunks) == 1 else state[f"model{i}"], strict=True)
+
+
 def run(a) -> dict:
     import torch
     import torch.distributed as dist

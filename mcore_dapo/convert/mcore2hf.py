@@ -59,12 +59,11 @@ def _owned(chunks, bridge, info):
 def run(a) -> dict:
     import torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
     from tqdm import tqdm
 
     from mcore_dapo.io.safetensors_writer import write_safetensors
 
-    from mcore_dapo.convert.hf2mcore import sharded_state_dict
+    from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
     from mcore_dapo.runtime.model import build_model
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
@@ -76,8 +75,7 @@ def run(a) -> dict:
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()
     chunks, _ = build_model(bridge, adapter, dtype=a.dtype)
-    state = dist_checkpointing.load(sharded_state_dict(chunks), a.mcore_path)
-    chunks[0].load_state_dict(state, strict=True)  # the export layout has no virtual stages
+    load_dist_checkpoint(chunks, a.mcore_path)
     t_load = time.time() - t0
     partial = Path(a.partial)
     files, current, size, sums, written = [], {}, 0, {}, 0

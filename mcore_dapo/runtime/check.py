@@ -54,16 +54,9 @@ def run(a) -> dict:
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
                              make_vocab_size_divisible_by=a.vocab_divisible_by)
     if a.mcore_path:
-        from megatron.core import dist_checkpointing
+        from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
 
-        from mcore_dapo.convert.hf2mcore import sharded_state_dict
-
-        state = dist_checkpointing.load(sharded_state_dict(chunks), a.mcore_path)
-        if len(chunks) == 1:
-            chunks[0].load_state_dict(state, strict=True)
-        else:
-            for i, c in enumerate(chunks):
-                c.load_state_dict(state[f"model{i}"], strict=True)
+        load_dist_checkpoint(chunks, a.mcore_path)
         loaded = sum(1 for c in chunks for _ in c.parameters())
     else:
         with HFReader(a.hf_path) as reader:

@@ -155,13 +155,9 @@ def _build_megatron_module(engine):
     chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
                              aux_loss_coeff=0.0, overrides=engine.mcore_overrides)
     if engine.engine_config.use_dist_checkpointing:
-        from megatron.core import dist_checkpointing
+        from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
 
-        from mcore_dapo.convert.hf2mcore import sharded_state_dict
-
-        state = dist_checkpointing.load(sharded_state_dict(chunks), engine.engine_config.dist_checkpointing_path)
-        for i, c in enumerate(chunks):
-            c.load_state_dict(state if len(chunks) == 1 else state[f"model{i}"], strict=True)
+        load_dist_checkpoint(chunks, engine.engine_config.dist_checkpointing_path)
     else:
         from mcore_dapo.io.hf_reader import HFReader
         from mcore_dapo.runtime.model import load_hf_weights
