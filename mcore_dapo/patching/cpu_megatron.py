@@ -336,3 +336,74 @@ def _uneven_gather_scatter() -> Undo:
         undo_g()
 
     return undo
+
+
+# --------------------------------------------------------------------------------------
+# cpu.megatron.float16-optimizer-param-types
+# --------------------------------------------------------------------------------------
+
+
+def _cuda_type_name(param) -> str:
+    name = torch.Tensor.type(param)
+    return name.replace("torch.", "torch.cuda.", 1) if param.device.type == "cpu" else name
+
+
+@implements("cpu.megatron.float16-optimizer-param-types")
+def _float16_optimizer_param_types() -> Undo:
+    from megatron.core.optimizer import optimizer as mopt
+
+    cls = mopt.Float16OptimizerWithFloat16Params
+    original = cls.__init__
+
+    def __init__(self, optimizer, *args, **kwargs):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for p in params:  # seen as torch.cuda.* by the type check in __init__ only
+            p.type = _cuda_type_name.__get__(p)
+        try:
+            original(self, optimizer, *args, **kwargs)
+        finally:
+            for p in params:
+                del p.type
+
+    __init__.__wrapped__ = original
+    return swap(cls, "__init__", __init__)
+
+
+# --------------------------------------------------------------------------------------
+# cpu.megatron.clip-grads-cpu
+# --------------------------------------------------------------------------------------
+
+
+@implements("cpu.megatron.clip-grads-cpu")
+def _clip_grads_cpu() -> Undo:
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.optimizer import optimizer as mopt
+
+    original = clip_grads.clip_grad_by_total_norm_fp32
+
+    def clip_grad_by_total_norm_fp32(parameters, max_norm, total_norm, use_decoupled_grad=False):
+        """Megatron's function without its ``torch.cuda.FloatTensor`` assertion (fp32 is still required)."""
+        if isinstance(parameters, torch.Tensor):
+            parameters = [parameters]
+        attr = "decoupled_grad" if use_decoupled_grad else "grad"
+        grads = []
+        for p in parameters:
+            g = getattr(p, attr, None)
+            if g is None:
+                continue
+            if not use_decoupled_grad and g.dtype != torch.float32:
+                raise TypeError(f"clip_grad_by_total_norm_fp32 needs fp32 gradients, got {g.dtype}")
+            grads.append(clip_grads.to_local_if_dtensor(g).detach())
+        clip_coeff = max_norm / (total_norm + 1.0e-6)
+        if clip_coeff < 1.0 and grads:
+            torch._foreach_mul_(grads, clip_coeff)
+
+    clip_grad_by_total_norm_fp32.__wrapped__ = original
+    undo_a = swap(clip_grads, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
+    undo_b = swap(mopt, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
+
+    def undo():
+        undo_b()
+        undo_a()
+
+    return undo

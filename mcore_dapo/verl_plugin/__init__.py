@@ -8,6 +8,8 @@ It does light work only, and never imports Megatron (MindSpeed must come first o
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
+* registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`.platform_cpu`),
+  chosen by verl only when torch is a CPU build and no accelerator answers;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
   engine package is imported (:mod:`.engine`).
 
@@ -43,8 +45,10 @@ def _on_import() -> None:
     from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
 
     rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
+    from mcore_dapo.verl_plugin import platform_cpu
     from mcore_dapo.verl_plugin.engine import register_when_imported
 
+    platform_cpu.register()
     register_when_imported()
 
 

@@ -1,0 +1,217 @@
+"""A ``cpu`` platform for verl 0.9.1's platform registry.
+
+verl 0.9.1 knows ``nvidia``, ``huawei`` and ``amd``; with none of them present it falls
+back to ``nvidia`` and calls ``torch.cuda``. This platform lets verl's trainer, workers and
+Megatron engine run on the CPU: device ``cpu``, collectives on gloo, Ray resource ``CPU``.
+It is registered after verl's own platforms, so verl's auto-detection picks it only when no
+accelerator is found and torch is a CPU build (or with ``VERL_PLATFORM=cpu``). Memory queries answer from the
+process (``max_memory_allocated`` is the peak RSS), stream and IPC calls are no-ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+
+import torch
+
+NAME = "cpu"
+
+
+def _peak_rss() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _rss() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def _mem_get_info(device=None) -> tuple[int, int]:
+    import psutil
+
+    vm = psutil.virtual_memory()
+    return vm.available, vm.total
+
+
+def _noop(*args, **kwargs) -> None:
+    return None
+
+
+def cpu_only_torch() -> bool:
+    import importlib.util
+
+    return torch.version.cuda is None and torch.version.hip is None and importlib.util.find_spec("torch_npu") is None
+
+
+def device_module() -> types.ModuleType:
+    """``torch.cpu`` with the ``torch.cuda``-style calls verl makes (memory, rng, cache) added."""
+    mod = types.ModuleType("mcore_dapo_cpu_device")
+    for name in dir(torch.cpu):
+        if not name.startswith("_"):
+            setattr(mod, name, getattr(torch.cpu, name))
+    mod.is_available = lambda: True
+    mod.current_device = lambda: NAME
+    mod.device_count = lambda: 1
+    mod.set_device = _noop
+    mod.synchronize = _noop
+    mod.empty_cache = _noop
+    mod.ipc_collect = _noop
+    mod.set_per_process_memory_fraction = _noop
+    mod.reset_peak_memory_stats = _noop
+    mod.memory_allocated = lambda device=None: _rss()
+    mod.memory_reserved = lambda device=None: _rss()
+    mod.max_memory_allocated = lambda device=None: _peak_rss()
+    mod.max_memory_reserved = lambda device=None: _peak_rss()
+    mod.mem_get_info = _mem_get_info
+    mod.get_device_name = lambda device=None: "cpu"
+    mod.manual_seed = torch.manual_seed
+    mod.manual_seed_all = torch.manual_seed
+    mod.get_rng_state = lambda device=None: torch.get_rng_state()
+    mod.set_rng_state = lambda state, device=None: torch.set_rng_state(state)
+    return mod
+
+
+def platform_class():
+    from verl.plugin.platform.platform_base import PlatformBase
+
+    class PlatformCPU(PlatformBase):
+        """verl on the CPU: gloo collectives, Ray ``CPU`` resources."""
+
+        _module = None
+
+        @property
+        def device_name(self) -> str:
+            return NAME
+
+        @property
+        def vendor_name(self) -> str:
+            return NAME
+
+        @property
+        def device_module(self):
+            if PlatformCPU._module is None:
+                PlatformCPU._module = device_module()
+            return PlatformCPU._module
+
+        def is_available(self) -> bool:
+            return True
+
+        def is_platform_available(self, use_smi_check=False) -> bool:
+            # Probed after verl's own platforms. A CUDA or Ascend build of torch without a visible
+            # device (a CPU-only Ray actor on a GPU node) keeps verl's fallback to ``nvidia``.
+            return cpu_only_torch()
+
+        def current_device(self):
+            return NAME
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index) -> None:
+            return None
+
+        def synchronize(self, device_index=None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def set_allocator_settings(self, settings: str) -> None:
+            return None
+
+        def empty_cache(self) -> None:
+            return None
+
+        def get_device_capability(self, device_index: int = 0):
+            return None, None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+        def visible_devices_envvar(self) -> str:
+            return "MCORE_DAPO_VISIBLE_CPUS"
+
+        @contextlib.contextmanager
+        def nvtx_range(self, msg: str):
+            yield
+
+        def profiler_start(self) -> None:
+            return None
+
+        def profiler_stop(self) -> None:
+            return None
+
+        def ray_resource_name(self) -> str:
+            return "CPU"
+
+        def ray_resource_options(self, num_gpus: float) -> dict:
+            return {"num_cpus": num_gpus}
+
+        def ray_noset_envvars(self) -> list[str]:
+            return []
+
+        def is_ipc_supported(self) -> bool:
+            return False
+
+        def cudart(self):
+            return None
+
+    return PlatformCPU
+
+
+def register() -> None:
+    """Add the ``cpu`` platform to verl's registry (after verl's own, so it is probed last)."""
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    if PlatformRegistry.get(NAME) is None:
+        PlatformRegistry.register(platform=NAME)(platform_class())
+    _patch_process_group_init()
+
+
+def _on_cpu() -> bool:
+    from verl.utils.device import get_device_name
+
+    return get_device_name() == NAME
+
+
+def _patch_process_group_init() -> None:
+    """verl builds the backend string ``cpu:gloo,{device}:{backend}``, which torch refuses when the
+    device is the CPU (``cpu`` twice). On the ``cpu`` platform the backend is plain ``gloo``; on
+    other platforms verl's functions run unchanged. Applied before verl's workers import them."""
+    import functools
+
+    import verl.utils.distributed as vd
+
+    if getattr(vd.initialize_global_process_group_ray, "_mcore_dapo", False):
+        return
+    ray_init, plain_init = vd.initialize_global_process_group_ray, vd.initialize_global_process_group
+
+    @functools.wraps(ray_init)
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        if backend is None and _on_cpu():
+            backend = "gloo"
+        return ray_init(timeout_second=timeout_second, backend=backend)
+
+    @functools.wraps(plain_init)
+    def initialize_global_process_group(timeout_second=36000):
+        import torch.distributed as dist
+
+        if _on_cpu() and not dist.is_initialized():
+            from datetime import timedelta
+
+            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_second),
+                                    init_method=os.environ.get("DIST_INIT_METHOD", None))
+        return plain_init(timeout_second) if not _on_cpu() else (
+            int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+
+    initialize_global_process_group_ray._mcore_dapo = True
+    vd.initialize_global_process_group_ray = initialize_global_process_group_ray
+    vd.initialize_global_process_group = initialize_global_process_group
