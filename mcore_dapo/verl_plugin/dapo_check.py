@@ -95,10 +95,10 @@ def policy_loss(old, new, batch, rows, dp_size):
     return loss, metrics
 
 
-def hf_model(hf_path):
+def hf_model(hf_path, dtype=torch.float32):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
+    return AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=dtype, attn_implementation="eager")
 
 
 def reduce_grads(params) -> float:
@@ -186,10 +186,27 @@ def reference(a) -> dict:
 
     received = torch.load(work / "received.pt")
     mine = HFQwen3MoeReceiver(model)
-    diff = max(float((mine.read_weight(n) - t).abs().max()) for n, t in received.items())
-    moved = max(float((mine.read_weight(n) - t).abs().max())
-                for n, t in HFQwen3MoeReceiver(hf_model(a.hf_path)).targets.items() for t in [t.view()])
-    return {"loss": float(loss), "grad_norm": grad_norm, "max_weight_diff": diff, "max_update": moved}
+    start = HFQwen3MoeReceiver(hf_model(a.hf_path))
+    diff = max(float((mine.read_weight(n) - t.float()).abs().max()) for n, t in received.items())
+    moved = max(float((mine.read_weight(n) - t.view()).abs().max()) for n, t in start.targets.items())
+    result = {"loss": float(loss), "grad_norm": grad_norm, "max_weight_diff": diff, "max_update": moved}
+    if any(t.dtype == torch.bfloat16 for t in received.values()):
+        result.update(half_precision_agreement(received, mine, start))
+    return result
+
+
+def half_precision_agreement(received: dict, updated, start) -> dict:
+    """For weights received in bf16: how many elements are more than one bf16 step away from the
+    fp32 reference update (rounding alone gives at most half a step), and how many the update moved."""
+    beyond = moved = total = 0
+    for name, t in received.items():
+        ref = updated.read_weight(name).float()
+        _, exp = torch.frexp(ref)
+        step = torch.ldexp(torch.ones_like(ref), exp - 8)  # bf16 spacing at |ref|
+        beyond += int(((t.float() - ref).abs() > step).sum())
+        moved += int((t != start.read_weight(name).to(t.dtype)).sum())
+        total += t.numel()
+    return {"bf16_beyond_one_step": beyond / total, "bf16_moved": moved / total}
 
 
 def main(argv=None) -> int:

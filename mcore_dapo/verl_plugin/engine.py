@@ -104,12 +104,14 @@ def _layout(engine_config):
 
 
 def _configure_device(engine) -> None:
-    """Feature flags for the device: on Ascend the whole override_transformer_config goes to
-    MindSpeed's ``repatch`` (as verl's own NPU engine does); elsewhere there are none."""
+    """Before Megatron's parallel state and RNG tracker exist: the device's patches (the CPU's
+    RNG and CUDA-only spots; MindSpeed's ``repatch`` with the whole override_transformer_config
+    as feature flags on Ascend, as verl's own NPU engine does)."""
     from mcore_dapo.devices import get_adapter
 
     adapter = get_adapter()
     if adapter.name != "npu":
+        adapter.apply_patches()
         return
     flags = dict(engine.engine_config.override_transformer_config or {})
     flags.setdefault("use_flash_attn", True)
@@ -141,14 +143,17 @@ def _build_tf_config(engine) -> None:
                         "(MindSpeed feature flags are accepted on Ascend only)")
     engine.mcore_overrides = fields
     tf = build_transformer_config(cfg, engine.mcore_bridge.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
-    engine.tf_config, engine.bridge, engine.provider, engine.vanilla_bridge = tf, None, None, False
+    from mcore_dapo.verl_plugin.ckpt_bridge import CheckpointBridge
+
+    # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
+    engine.bridge = CheckpointBridge(engine.mcore_bridge, engine.param_dtype)
+    engine.tf_config, engine.provider, engine.vanilla_bridge = tf, None, True
     engine.peft_cls = None
 
 
 def _build_megatron_module(engine):
     from mcore_dapo.devices import get_adapter
     from mcore_dapo.runtime.model import build_model
-    from mcore_dapo.runtime.parallel import parallel_info
 
     adapter = get_adapter()
     adapter.apply_patches()
@@ -159,19 +164,20 @@ def _build_megatron_module(engine):
 
         load_dist_checkpoint(chunks, engine.engine_config.dist_checkpointing_path)
     else:
-        from mcore_dapo.io.hf_reader import HFReader
-        from mcore_dapo.runtime.model import load_hf_weights
-
-        with HFReader(engine.model_config.local_path) as reader:
-            load_hf_weights(chunks, engine.mcore_bridge, reader, parallel_info())
+        engine.bridge.load_weights(chunks, engine.model_config.local_path)
     engine.tf_config = tf
+    if tf.fp16 or tf.bf16:  # as verl's make_megatron_module: fp32 logits out of a half-precision model
+        from megatron.core.transformer.module import Float16Module
+
+        chunks = [Float16Module(tf, c) for c in chunks]
     if engine.engine_config.forward_only:
         return chunks
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True,
-                                        use_distributed_optimizer=engine.engine_config.use_distributed_optimizer)
-    return [DistributedDataParallel(config=tf, ddp_config=ddp, module=c) for c in chunks]
+    ddp = {"grad_reduce_in_fp32": True, **engine._resolve_override_ddp_config(),
+           "use_distributed_optimizer": engine.engine_config.use_distributed_optimizer}
+    return [DistributedDataParallel(config=tf, ddp_config=DistributedDataParallelConfig(**ddp), module=c)
+            for c in chunks]
 
 
 def export_weights(engine):

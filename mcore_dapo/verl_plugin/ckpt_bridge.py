@@ -1,0 +1,87 @@
+"""The ``bridge`` verl's ``MegatronCheckpointManager`` asks for, on this project's mapping.
+
+verl's checkpoint manager saves and loads the ``model`` slot in the HF format through
+"a bridge" (mbridge's ``save_weights(models, path)`` / ``load_weights(models, path)`` when
+no Megatron-Bridge provider is given). :class:`CheckpointBridge` is that object for
+:class:`~mcore_dapo.verl_plugin.engine.McoreDapoEngine`: loading goes through
+:func:`mcore_dapo.runtime.model.load_hf_weights` (each rank reads only its shard), saving
+through :class:`mcore_dapo.resharding.WeightExporter` (the gathered full tensors, in the
+rollout's names), written by rank 0 into shards plus ``model.safetensors.index.json`` in a
+``.partial`` folder moved into place when complete. One mapping (:mod:`mcore_dapo.bridge`)
+serves conversion, resharding and these checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SHARD_BYTES = 4 << 30
+
+
+class CheckpointBridge:
+    def __init__(self, bridge, dtype):
+        self.bridge = bridge
+        self.dtype = dtype
+
+    def load_weights(self, models, weights_path) -> int:
+        from mcore_dapo.io.hf_reader import HFReader
+        from mcore_dapo.runtime.model import load_hf_weights
+        from mcore_dapo.runtime.parallel import parallel_info
+
+        with HFReader(weights_path) as reader:
+            return load_hf_weights(list(models), self.bridge, reader, parallel_info())
+
+    def save_weights(self, models, weights_path, shard_bytes: int = SHARD_BYTES) -> dict | None:
+        """Collective: every rank takes part in the gathers; rank 0 writes. Returns the index on rank 0."""
+        import torch.distributed as dist
+
+        from mcore_dapo.convert import output
+        from mcore_dapo.resharding import WeightExporter
+        from mcore_dapo.runtime.parallel import parallel_info
+
+        info = parallel_info()
+        weights = WeightExporter(list(models), self.bridge, info, dtype=self.dtype).iter_weights()
+        index = None
+        if info.rank == 0:
+            with output.staged(Path(weights_path).absolute(), overwrite=True) as partial:
+                index = write_shards(weights, partial, shard_bytes)
+        else:
+            for _ in weights:
+                pass
+        if dist.is_initialized():
+            dist.barrier()
+        return index
+
+
+def write_shards(weights, folder: Path, shard_bytes: int) -> dict:
+    """``(hf_name, tensor)`` into ``model-XXXXX-of-YYYYY.safetensors`` files and their index."""
+    from mcore_dapo.io.safetensors_writer import write_safetensors
+
+    files, current, size, total = [], {}, 0, 0
+
+    def flush():
+        nonlocal current, size
+        if current:
+            name = f"part-{len(files):05d}.safetensors"
+            write_safetensors(folder / name, current, metadata={"format": "pt"})
+            files.append((name, list(current)))
+            current, size = {}, 0
+
+    for name, t in weights:
+        t = t.detach().clone()  # the exporter reuses its buffers
+        nbytes = t.numel() * t.element_size()
+        if size and size + nbytes > shard_bytes:
+            flush()
+        current[name] = t
+        size += nbytes
+        total += nbytes
+    flush()
+    weight_map = {}
+    for i, (part, names) in enumerate(files):
+        final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
+        (folder / part).rename(folder / final)
+        weight_map.update({n: final for n in names})
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return index

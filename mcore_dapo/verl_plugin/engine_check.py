@@ -1,0 +1,213 @@
+"""A DAPO policy update through verl's own Megatron engine path, with this plugin's engine.
+
+``torchrun --nproc-per-node 2 -m mcore_dapo.verl_plugin.engine_check --hf-path DIR --work W --ep 2``
+
+Every rank composes verl's ``ppo_trainer`` config with Hydra from the user's overrides
+(``actor_rollout_ref.actor.strategy=megatron`` and the Megatron sizes), builds verl's
+``ActorRolloutRefWorker(role="actor")`` and calls what verl's trainer calls:
+``init_model`` (``EngineRegistry`` -> this plugin's ``McoreDapoEngine``),
+``compute_log_prob`` (the old policy, ``infer_batch``) and ``update_actor``
+(``train_mini_batch`` -> ``MegatronEngine.forward_backward_batch`` with verl's
+``ppo_loss``, then Megatron's optimizer). The batch is the one of
+:mod:`mcore_dapo.verl_plugin.dapo_check` (verl's ``dapo`` reward manager, GRPO advantages),
+padded left/right as verl's rollout leaves it and converted with verl's
+``left_right_2_no_padding``. After the update the weights go to an HF model through the
+engine's ``get_per_tensor_param``; ``dapo_check reference`` repeats the update in one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from mcore_dapo.verl_plugin.dapo_check import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
+
+MICRO = 2
+
+
+def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1) -> list[str]:
+    """What a user writes (the guide's DAPO settings, tiny sizes), strategy=megatron included."""
+    a = "actor_rollout_ref.actor"
+    return [
+        f"{a}.strategy=megatron",
+        f"actor_rollout_ref.model.path={hf_path}",
+        "actor_rollout_ref.model.use_remove_padding=False",
+        f"{a}.megatron.tensor_model_parallel_size={tp}",
+        f"{a}.megatron.pipeline_model_parallel_size={pp}",
+        f"{a}.megatron.expert_model_parallel_size={ep}",
+        f"{a}.megatron.expert_tensor_parallel_size=1",
+        f"{a}.megatron.use_distributed_optimizer=False",
+        f"{a}.megatron.override_transformer_config.attention_backend=auto",
+        f"{a}.clip_ratio_low=0.2",
+        f"{a}.clip_ratio_high=0.28",
+        f"{a}.clip_ratio_c=10.0",
+        f"{a}.loss_agg_mode=token-mean",
+        f"{a}.ppo_mini_batch_size={GROUPS}",
+        f"{a}.ppo_micro_batch_size_per_gpu={MICRO}",
+        f"{a}.ppo_epochs=1",
+        f"{a}.shuffle=False",
+        f"{a}.use_kl_loss=False",
+        f"{a}.entropy_coeff=0",
+        f"{a}.optim.lr={LR}",
+        f"{a}.optim.weight_decay=0.1",
+        f"{a}.optim.clip_grad={CLIP}",
+        f"{a}.optim.total_training_steps=4",
+        "actor_rollout_ref.rollout.n=%d" % N,
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={MICRO}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.n_gpus_per_node=2",
+        "trainer.nnodes=1",
+        "trainer.device=cpu",
+    ]
+
+
+def rollout_batch(batch: dict):
+    """The batch as verl's rollout leaves it: a DataProto, prompts left- and responses right-padded."""
+    from verl import DataProto
+
+    tokens = batch["tokens"]
+    mask = batch["response_mask"].long()
+    attention = torch.cat([torch.ones(tokens.shape[0], PROMPT, dtype=torch.long), mask], 1)
+    position = (torch.cumsum(attention, 1) - 1).clamp(min=0)
+    return DataProto.from_dict(tensors={
+        "prompts": tokens[:, :PROMPT], "responses": tokens[:, PROMPT:], "input_ids": tokens,
+        "attention_mask": attention, "position_ids": position, "response_mask": mask,
+        "advantages": batch["advantages"]})
+
+
+def engine_batch(data, old_log_probs=None):
+    """What verl's trainer sends its workers: ``to_tensordict`` then ``left_right_2_no_padding``."""
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    if old_log_probs is not None:
+        data = data.union(type(data).from_dict(tensors={"old_log_probs": old_log_probs}))
+    data.meta_info["temperature"] = 1.0
+    return left_right_2_no_padding(data.to_tensordict())
+
+
+def dispatch(td, dp: int, dp_rank: int):
+    """This rank's part of the batch, as verl's ``make_nd_compute_dataproto_dispatch_fn`` sends it."""
+    from verl.protocol import BatchData
+
+    return BatchData(td).chunk(chunks=dp)[dp_rank].unlock_()
+
+
+def run(a) -> dict:
+    import torch.distributed as dist
+
+    from mcore_dapo.resharding import HFQwen3MoeReceiver
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+    from transformers import AutoConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    c = compose(rewrite(overrides(a.hf_path, a.ep)))
+    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
+    worker.init_model()
+    engine = worker.actor.engine
+    dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
+
+    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size)
+    data = rollout_batch(batch)
+    bs = len(data)
+    # the old policy: verl's compute_log_prob (infer_batch), then noise so that all clip ranges act
+    td = engine_batch(data)
+    tu.assign_non_tensor(td, calculate_entropy=True, calculate_sum_pi_squared=False, compute_loss=False)
+    mine = dispatch(td, dp, dp_rank)
+    out = worker.compute_log_prob(mine)
+    rows = slice(dp_rank * bs // dp, (dp_rank + 1) * bs // dp)
+    logp = None
+    if out is not None:
+        logp = no_padding_2_padding(out["log_probs"], mine).float()
+    logp = _broadcast_from_collectors(engine, logp, (bs // dp, RESPONSE))
+    full = [torch.empty_like(logp) for _ in range(dp)]
+    dist.all_gather(full, logp.contiguous(), group=engine.get_data_parallel_group())
+    current = torch.cat(full)
+    noise = torch.randn(bs, RESPONSE, generator=torch.Generator().manual_seed(3)) * 0.3
+    old = (current + noise) * batch["response_mask"]
+
+    td = engine_batch(data, old)
+    mini = GROUPS * N
+    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                         global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
+                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    out = worker.update_actor(dispatch(td, dp, dp_rank))
+    metrics = tu.get(out, "metrics") if out is not None else None
+
+    receiver = HFQwen3MoeReceiver(hf_model(a.hf_path, dtype=engine.param_dtype))  # the rollout's dtype
+    per_tensor, _ = engine.get_per_tensor_param()
+    received = receiver.load_weights(per_tensor)
+    sync_diff = received_vs_engine(engine, receiver)
+    result = None
+    if dist.get_rank() == 0:
+        work = Path(a.work)
+        torch.save({**batch, "old_log_prob": old}, work / "batch.pt")
+        torch.save({n: receiver.read_weight(n).clone() for n in receiver.targets}, work / "received.pt")
+        scalar = {k: (v[0] if isinstance(v, list) else v) for k, v in metrics.items()}
+        result = {"loss": float(scalar["loss"]), "grad_norm": float(scalar["grad_norm"]),
+                  "metrics": {k: float(v) for k, v in scalar.items() if isinstance(v, (int, float))},
+                  "world_size": dist.get_world_size(), "engine": type(engine).__name__,
+                  "layout": engine.mcore_bridge.layout.describe(), "tensors_synced": len(received),
+                  "rewards": batch["rewards"].tolist(), "rows": [rows.start, rows.stop],
+                  "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype)}
+    return result
+
+
+def received_vs_engine(engine, receiver) -> float:
+    """Largest difference, over all ranks, between each rank's parameters and what the rollout
+    received, taken back to the rank's shard through the bridge's inverse mapping (to_megatron),
+    a path the export (to_hf after gathers) does not use."""
+    import torch.distributed as dist
+
+    from mcore_dapo.resharding.export import unwrap
+    from mcore_dapo.runtime.model import local_params
+    from mcore_dapo.runtime.parallel import parallel_info
+
+    info, bridge = parallel_info(), engine.mcore_bridge
+    worst = torch.zeros(())
+    for lp in local_params([unwrap(c) for c in engine.module], bridge, info):
+        rank, size = info.group_rank(lp.resolved.mapping.group)
+        shard = lp.resolved.mapping.to_megatron([receiver.read_weight(h) for h in lp.resolved.hf], rank, size,
+                                                bridge.dims)
+        worst = torch.maximum(worst, (shard.float() - lp.param.detach().float()).abs().max())
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX)
+    return float(worst)
+
+
+def _broadcast_from_collectors(engine, value, shape):
+    """Log-probs live on the ranks verl collects from (TP0, last PP stage); share them with the
+    other ranks of the same model-parallel group."""
+    import torch.distributed as dist
+
+    group = engine.get_model_parallel_group()
+    if dist.get_world_size(group) == 1:
+        return value
+    flags = [None] * dist.get_world_size(group)
+    dist.all_gather_object(flags, value is not None, group=group)
+    src = dist.get_global_rank(group, flags.index(True))
+    buf = value if value is not None else torch.empty(shape)
+    dist.broadcast(buf, src=src, group=group)
+    return buf
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.verl_plugin.engine_check")
+    ap.add_argument("--hf-path", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--ep", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    from mcore_dapo.runtime.launch import finish_worker
+
+    return finish_worker(run(a), a.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
