@@ -11,7 +11,10 @@
    take an optimizer step on the Megatron side, sync again, compare logits with Megatron's;
 6. one DAPO policy update with verl's own functions (dapo reward manager, GRPO advantages,
    clipped policy loss) on the EP2 Megatron model, against a one-process HF reference
-   (when verl is installed).
+   (when verl is installed);
+7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
+   builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
+   ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model.
 """
 
 from __future__ import annotations
@@ -102,13 +105,35 @@ def dapo_update(hf_dir: Path, workdir: Path) -> dict:
     }
 
 
+def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None:
+        return {"skipped": "verl is not installed (pip install -e '.[verl]')"}
+    work = workdir / "verl-engine"
+    work.mkdir(exist_ok=True)
+    got = torchrun("mcore_dapo.verl_plugin.engine_check", ["--hf-path", str(hf_dir), "--work", str(work),
+                                                           "--ep", "2"], 2)
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path",
+                          str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
+    want = json.loads(ref.stdout.strip().splitlines()[-1])
+    return {
+        "engine": got["engine"], "layout": got["layout"], "loss": got["loss"], "reference_loss": want["loss"],
+        "grad_norm": got["grad_norm"], "reference_grad_norm": want["grad_norm"],
+        "received_vs_engine": got["received_vs_engine"], "bf16_beyond_one_step": want["bf16_beyond_one_step"],
+        "passed": got["engine"] == "McoreDapoEngine" and abs(got["loss"] - want["loss"]) <= 2e-2 * abs(want["loss"])
+        and abs(got["grad_norm"] - want["grad_norm"]) <= 1e-2 * want["grad_norm"]
+        and got["received_vs_engine"] == 0.0 and want["bf16_beyond_one_step"] < 0.05,
+    }
+
+
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from mcore_dapo.testing.tiny import make_tiny_model
 
     t0 = time.time()
-    steps = tqdm(total=5 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
+    steps = tqdm(total=6 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
     hf_dir = workdir / "tiny-qwen3-moe"
     steps.set_postfix_str("generating tiny Qwen3-MoE")
     make_tiny_model(hf_dir, seed=0)
@@ -134,6 +159,9 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     steps.set_postfix_str("DAPO update with verl's functions")
     dapo = dapo_update(hf_dir, workdir)
     steps.update()
+    steps.set_postfix_str("DAPO update through verl's Megatron engine")
+    engine = verl_engine_update(hf_dir, workdir)
+    steps.update()
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -146,8 +174,9 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
         "conversion": conversion,
         "rollout_sync": sync,
         "dapo_update": dapo,
+        "verl_engine_update": engine,
         "passed": all(r["passed"] for r in runs) and conversion["passed"] and sync["passed"]
-        and dapo.get("passed", True),
+        and dapo.get("passed", True) and engine.get("passed", True),
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -192,6 +221,16 @@ def render(summary: dict) -> str:
             f"{d['reference_loss']:.7f}, grad norm {d['grad_norm']:.6f} vs {d['reference_grad_norm']:.6f}; "
             f"rollout weights vs reference max|d| {d['rollout_weights_vs_reference_max_abs_diff']:.1e}  "
             f"{'PASS' if d['passed'] else 'FAIL'}")
+    e = summary["verl_engine_update"]
+    if "skipped" in e:
+        lines.append(f"verl engine update: skipped ({e['skipped']})")
+    else:
+        lines.append(
+            f"DAPO update through verl's engine ({e['engine']}, {e['layout']}, bf16): loss {e['loss']:.5f} vs fp32 "
+            f"reference {e['reference_loss']:.5f}, grad norm {e['grad_norm']:.4f} vs {e['reference_grad_norm']:.4f}; "
+            f"rollout received the engine's weights exactly: {e['received_vs_engine'] == 0.0}, "
+            f"{100 * e['bf16_beyond_one_step']:.1f}% of elements more than one bf16 step from the fp32 update  "
+            f"{'PASS' if e['passed'] else 'FAIL'}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]
     return "\n".join(lines)
