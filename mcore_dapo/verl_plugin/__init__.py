@@ -11,7 +11,9 @@ It does light work only, and never imports Megatron (MindSpeed must come first o
 * registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`.platform_cpu`),
   chosen by verl only when torch is a CPU build and no accelerator answers;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
-  engine package is imported (:mod:`.engine`).
+  engine package is imported (:mod:`.engine`);
+* registers the ``hf_cpu`` rollout (replica + worker adapter) once verl's rollout package is
+  imported (:mod:`.rollout_cpu`).
 
 The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``.
 """
@@ -45,11 +47,13 @@ def _on_import() -> None:
     from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
 
     rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
-    from mcore_dapo.verl_plugin import platform_cpu
+    from mcore_dapo.verl_plugin import platform_cpu, rollout_cpu
     from mcore_dapo.verl_plugin.engine import register_when_imported
+    from mcore_dapo.verl_plugin.hooks import after_import
 
     platform_cpu.register()
     register_when_imported()
+    after_import("verl.workers.rollout", rollout_cpu.register)
 
 
 _on_import()

@@ -20,10 +20,7 @@ CUDA and Ascend. Registration waits until verl imports ``verl.workers.engine`` s
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 
 ENGINE_PACKAGE = "verl.workers.engine"
 _registered = False
@@ -48,30 +45,10 @@ def register() -> None:
     _registered = True
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls :func:`register` right after verl's engine package has been imported."""
-
-    def find_spec(self, name, path, target=None):
-        if name != ENGINE_PACKAGE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_register(module):
-            exec_module(module)
-            register()
-
-        spec.loader.exec_module = exec_and_register
-        return spec
-
-
 def register_when_imported() -> None:
-    if ENGINE_PACKAGE in sys.modules:
-        register()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    from mcore_dapo.verl_plugin.hooks import after_import
+
+    after_import(ENGINE_PACKAGE, register)
 
 
 def engine_class():

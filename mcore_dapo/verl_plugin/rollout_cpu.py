@@ -1,0 +1,279 @@
+"""``actor_rollout_ref.rollout.name=hf_cpu``: a rollout served on the CPU for verl 0.9.1's trainer.
+
+verl's trainer generates through rollout *replicas* (server actors that the agent loop calls
+with ``generate(request_id, prompt_ids=..., sampling_params=...)``) and, in the hybrid
+(colocated) mode, syncs weights through a ``BaseRollout`` adapter living in each trainer
+worker (``update_weights(generator of (name, tensor))``). vLLM and SGLang need an accelerator;
+this module gives verl the same three pieces on the CPU, with HF transformers as the engine:
+
+* :class:`CpuRolloutServer`: a Ray actor per replica holding the HF model; sampling with
+  temperature / top-p / top-k, the response length rules of verl's vLLM server, optional
+  log-probs; weights arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
+* :class:`CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
+* :class:`CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the trainer
+  worker's side; rank 0 of each replica forwards the engine's ``(hf_name, tensor)`` to its
+  server in buckets.
+
+It is how the whole DAPO loop (verl's trainer, agent loop, reward loop, dynamic sampling, the
+plugin's Megatron engine) runs on a laptop; it is not a fast inference engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+
+import torch
+
+NAME = "hf_cpu"
+ADAPTER_FQN = "mcore_dapo.verl_plugin.rollout_cpu.CpuServerAdapter"
+BUCKET_BYTES = 64 << 20
+
+log = logging.getLogger(__name__)
+
+
+def server_name(replica_rank: int) -> str:
+    return f"mcore_dapo_hf_cpu_server_{replica_rank}"
+
+
+def response_budget(config, prompt_len: int, sampling_params: dict) -> int:
+    """max_tokens as verl's vLLM server computes it (explicit value, else the configured
+    response length within prompt_length + response_length), clamped to [1, max_model_len - prompt]."""
+    max_model_len = config.max_model_len or (config.prompt_length + config.response_length)
+    possible = max_model_len - prompt_len
+    if possible < 1:
+        raise ValueError(f"prompt of {prompt_len} tokens leaves no room in max_model_len={max_model_len}")
+    if "max_tokens" in sampling_params:
+        n = sampling_params.pop("max_tokens")
+    elif "max_new_tokens" in sampling_params:
+        n = sampling_params.pop("max_new_tokens")
+    else:
+        n = min(config.response_length, config.prompt_length + config.response_length - prompt_len)
+    return max(1, min(int(n), possible))
+
+
+def sample(model, prompt_ids: list[int], max_tokens: int, *, temperature: float = 1.0, top_p: float = 1.0,
+           top_k: int = -1, eos: set[int] | None = None, generator: torch.Generator | None = None,
+           want_logprobs: bool = False) -> tuple[list[int], list[float] | None, str]:
+    """Token-by-token sampling with a KV cache; greedy at temperature 0. Log-probs are those of
+    the sampled token under the temperature-scaled distribution (what vLLM reports)."""
+    eos = eos or set()
+    ids = torch.tensor([prompt_ids])
+    past, out, logps = None, [], []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            logits = res.logits[0, -1].float()
+            if temperature <= 0:
+                tok = int(logits.argmax())
+                lp = torch.log_softmax(logits, -1)[tok]
+            else:
+                logits = logits / temperature
+                full = torch.log_softmax(logits, -1)
+                if top_k is not None and 0 < top_k < logits.numel():
+                    kth = torch.topk(logits, top_k).values[-1]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                if top_p is not None and top_p < 1.0:
+                    sorted_logits, order = torch.sort(logits, descending=True)
+                    probs = torch.softmax(sorted_logits, -1)
+                    drop = torch.cumsum(probs, -1) - probs > top_p
+                    logits = logits.scatter(0, order[drop], float("-inf"))
+                tok = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+                lp = full[tok]
+            out.append(tok)
+            logps.append(float(lp))
+            if tok in eos:
+                break
+            ids = torch.tensor([[tok]])
+    return out, (logps if want_logprobs else None), "completed"
+
+
+class CpuRolloutServer:
+    """One replica's engine: an HF transformers model on the CPU (a Ray actor)."""
+
+    def __init__(self, config, model_config, replica_rank: int = 0):
+        from transformers import AutoModelForCausalLM
+
+        from mcore_dapo.resharding import HFQwen3MoeReceiver
+        from verl.utils.config import omega_conf_to_dataclass
+
+        self.config = omega_conf_to_dataclass(config)
+        self.model_config = omega_conf_to_dataclass(model_config)
+        self.replica_rank = replica_rank
+        dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(str(self.config.dtype), torch.float32)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_config.local_path, dtype=dtype).eval()
+        self.receiver = HFQwen3MoeReceiver(self.model)
+        gen = getattr(self.model, "generation_config", None)
+        eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+        eos = eos if eos is not None else self.model.config.eos_token_id
+        self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+        self.generator = torch.Generator().manual_seed(int(self.config.seed) + replica_rank)
+        self.lock = threading.Lock()  # one generation at a time; the weights change only between steps
+        self.global_steps = None
+        self.weights_loaded = 0
+        self.requests = 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None, **kw):
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data or video_data:
+            raise NotImplementedError("the hf_cpu rollout serves text-only models")
+        params = dict(sampling_params)
+        max_tokens = response_budget(self.config, len(prompt_ids), params)
+        want_logprobs = bool(params.pop("logprobs", False))
+
+        def run():
+            with self.lock:
+                return sample(self.model, list(prompt_ids), max_tokens, temperature=float(params.get("temperature", 1.0)),
+                              top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
+                              eos=set() if params.get("ignore_eos") else self.eos, generator=self.generator,
+                              want_logprobs=want_logprobs)
+
+        tokens, logprobs, reason = await asyncio.to_thread(run)
+        self.requests += 1
+        return TokenOutput(token_ids=tokens, log_probs=logprobs, stop_reason=reason,
+                           extra_fields={"global_steps": self.global_steps})
+
+    def load_weights(self, weights: list, global_steps=None) -> int:
+        with self.lock:
+            names = self.receiver.load_weights(weights)
+        if global_steps is not None:
+            self.global_steps = global_steps
+        self.weights_loaded += len(names)
+        return len(names)
+
+    def read_weight(self, name: str) -> torch.Tensor:
+        return self.receiver.read_weight(name).clone()
+
+    def stats(self) -> dict:
+        return {"requests": self.requests, "weights_loaded": self.weights_loaded, "global_steps": self.global_steps}
+
+    # verl's replica/server control surface: nothing to free or pause on the CPU
+    async def wake_up(self):
+        return None
+
+    async def sleep(self):
+        return None
+
+    async def clear_kv_cache(self):
+        return None
+
+    async def release_kv_cache(self):
+        return None
+
+    async def resume_kv_cache(self):
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False):
+        return None
+
+    async def resume_generation(self):
+        return None
+
+    async def start_profile(self, **kwargs):
+        return None
+
+    async def stop_profile(self):
+        return None
+
+
+def replica_class():
+    import ray
+
+    from verl.workers.rollout.replica import RolloutReplica
+
+    class CpuRolloutReplica(RolloutReplica):
+        """Starts one :class:`CpuRolloutServer` actor for this replica (hybrid or standalone)."""
+
+        def rollout_worker_use_gpu(self) -> bool:
+            return False
+
+        async def launch_servers(self):
+            name = server_name(self.replica_rank)
+            server = ray.remote(CpuRolloutServer).options(
+                name=name, num_cpus=0, max_concurrency=self.max_concurrency,
+            ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
+            await server.stats.remote()  # constructed (model loaded) before the trainer goes on
+            self.servers = [server]
+            self._server_handle = server
+            self._server_address = name
+
+        async def init_standalone(self):
+            from verl.workers.rollout.replica import RolloutMode
+
+            self.rollout_mode = RolloutMode.STANDALONE
+            await self.launch_servers()
+
+    return CpuRolloutReplica
+
+
+def adapter_base():
+    from verl.workers.rollout.base import BaseRollout
+
+    return BaseRollout
+
+
+def _make_adapter():
+    import ray
+
+    class CpuServerAdapter(adapter_base()):
+        """The trainer worker's side of the hybrid rollout: forwards weights to its replica's server."""
+
+        def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
+            super().__init__(config, model_config, device_mesh)
+            rank = int(os.environ.get("RANK", "0"))
+            world = self.config.tensor_model_parallel_size * self.config.data_parallel_size * \
+                self.config.pipeline_model_parallel_size
+            self.replica_rank = rank // world if replica_rank == -1 else replica_rank
+            self.sends = (rank % world) == 0
+            self.server = None
+
+        def _server(self):
+            if self.server is None:
+                self.server = ray.get_actor(server_name(self.replica_rank))
+            return self.server
+
+        async def resume(self, tags: list[str]):
+            return None
+
+        async def release(self):
+            return None
+
+        async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
+            if wire_format != "named_tensors":
+                raise NotImplementedError(f"hf_cpu rollout takes named tensors, not {wire_format!r}")
+            global_steps = kwargs.get("global_steps")
+            bucket, size, sent = [], 0, 0
+            for name, t in weights:  # every rank runs the exporter (it gathers); rank 0 of the replica sends
+                if not self.sends:
+                    continue
+                bucket.append((name, t.detach().to("cpu", copy=True)))
+                size += t.numel() * t.element_size()
+                if size >= BUCKET_BYTES:
+                    sent += await self._server().load_weights.remote(bucket, global_steps)
+                    bucket, size = [], 0
+            if self.sends:
+                sent += await self._server().load_weights.remote(bucket, global_steps)
+                log.info("hf_cpu rollout replica %d received %d tensors", self.replica_rank, sent)
+
+    return CpuServerAdapter
+
+
+def __getattr__(name):  # CpuServerAdapter is built on first use: verl's BaseRollout imports verl's workers
+    if name == "CpuServerAdapter":
+        cls = _make_adapter()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(name)
+
+
+def register() -> None:
+    """Add ``hf_cpu`` to verl's rollout registries (replica class and worker-side adapter)."""
+    from verl.workers.rollout import base, replica
+
+    base._ROLLOUT_REGISTRY.setdefault((NAME, "async"), ADAPTER_FQN)
+    if NAME not in replica.RolloutReplicaRegistry._registry:
+        replica.RolloutReplicaRegistry.register(NAME, replica_class)

@@ -1,0 +1,151 @@
+"""verl's DAPO trainer end to end on the CPU: the tiny Qwen3-MoE, the plugin's Megatron engine (EP2),
+the ``hf_cpu`` rollout, the ``dapo`` reward manager with the overlong penalty, dynamic sampling
+(``algorithm.filter_groups``), a few steps, verl's metrics log.
+
+``python -m mcore_dapo.verl_plugin.tiny_dapo --workdir W --steps 3``
+
+prepares ``W`` (model + word-level tokenizer with a chat template, train/val parquet files, the
+reward function) and runs ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``: the same
+entry point and the same DAPO overrides as ``configs/dapo_qwen3_30b_*.sh``, with tiny sizes,
+``trainer.device=cpu`` and the rollout on the CPU. verl writes its metrics, one JSON line per
+step, to ``W/metrics.jsonl``; the last line printed is a JSON summary.
+
+The task: a prompt of 8 tokens and a target parity; a response is correct when its first token
+has that parity (about half of a random policy's answers, so some groups are all right or all
+wrong and dynamic sampling drops them). Score +1 / -1, plus the dapo manager's overlong penalty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROMPT_TOKENS, PROMPTS = 8, 64
+MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 6
+TRAIN_BSZ, N = 4, 4
+EOS = "t255"
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
+    """+1 when the first response token has the target parity, else -1; ``acc`` for filter_groups."""
+    words = solution_str.split()
+    ok = bool(words) and words[0].startswith("t") and words[0][1:].isdigit() and int(words[0][1:]) % 2 == int(
+        ground_truth)
+    return {"score": 1.0 if ok else -1.0, "acc": float(ok)}
+
+
+def prepare(workdir: Path) -> dict:
+    import pandas as pd
+    import torch
+
+    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.verl_plugin.dapo_check import tokenizer
+
+    model = workdir / "tiny-qwen3-moe"
+    if not (model / "config.json").is_file():
+        make_tiny_model(model, seed=0, eos_token_id=255, pad_token_id=0, bos_token_id=None)
+        tok = tokenizer(256)
+        tok.pad_token = "t0"
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        tok.save_pretrained(model)
+    g = torch.Generator().manual_seed(11)
+    rows = []
+    for i in range(PROMPTS):
+        ids = torch.randint(1, 255, (PROMPT_TOKENS,), generator=g).tolist()
+        rows.append({"data_source": "tiny_parity", "prompt": [{"role": "user", "content": " ".join(f"t{x}" for x in ids)}],
+                     "ability": "parity", "reward_model": {"style": "rule", "ground_truth": str(i % 2)},
+                     "extra_info": {"index": i}})
+    pd.DataFrame(rows[:48]).to_parquet(workdir / "train.parquet")
+    pd.DataFrame(rows[48:]).to_parquet(workdir / "val.parquet")
+    return {"model": model, "train": workdir / "train.parquet", "val": workdir / "val.parquet"}
+
+
+def overrides(files: dict, workdir: Path, steps: int, ep: int = 2) -> list[str]:
+    """The DAPO overrides of configs/dapo/common.sh, at tiny sizes, for 2 CPU processes."""
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    layout = []
+    for role in ("actor", "ref"):
+        layout += [f"actor_rollout_ref.{role}.megatron.tensor_model_parallel_size=1",
+                   f"actor_rollout_ref.{role}.megatron.pipeline_model_parallel_size=1",
+                   f"actor_rollout_ref.{role}.megatron.expert_model_parallel_size={ep}",
+                   f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size=1"]
+    return [
+        f"data.train_files={files['train']}", f"data.val_files={files['val']}", "data.prompt_key=prompt",
+        "data.truncation=left", f"data.max_prompt_length={MAX_PROMPT}", f"data.max_response_length={MAX_RESPONSE}",
+        f"data.gen_batch_size={TRAIN_BSZ * 3}", f"data.train_batch_size={TRAIN_BSZ}", "data.dataloader_num_workers=0",
+        f"{r}.n={N}", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
+        "algorithm.kl_ctrl.kl_coef=0.0", f"{a}.use_kl_loss=False", f"{a}.kl_loss_coef=0.0",
+        f"{a}.clip_ratio_low=0.2", f"{a}.clip_ratio_high=0.28", f"{a}.clip_ratio_c=10.0",
+        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=10",
+        "algorithm.filter_groups.metric=acc",
+        # Megatron's attention without Transformer Engine has no THD (packed) kernel: padded batches
+        "actor_rollout_ref.model.use_remove_padding=False",
+        f"{a}.use_dynamic_bsz=False", f"{a}.ppo_micro_batch_size_per_gpu=2",
+        f"{r}.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
+        f"actor_rollout_ref.model.path={files['model']}",
+        f"{a}.optim.lr=1e-3", f"{a}.optim.lr_warmup_steps=0", f"{a}.optim.weight_decay=0.1",
+        f"{a}.ppo_mini_batch_size={TRAIN_BSZ}", f"{a}.entropy_coeff=0", f"{a}.optim.clip_grad=1.0",
+        f"{a}.loss_agg_mode=token-mean", f"{a}.strategy=megatron", *layout,
+        f"{a}.megatron.use_distributed_optimizer=False", f"{a}.megatron.dtype=bfloat16",
+        f"{a}.megatron.override_transformer_config.attention_backend=auto",
+        "actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend=auto",
+        f"{r}.name=hf_cpu", f"{r}.tensor_model_parallel_size=1", f"{r}.temperature=1.0", f"{r}.top_p=1.0",
+        f"{r}.top_k=-1", f"{r}.val_kwargs.temperature=1.0", f"{r}.val_kwargs.top_p=0.7", f"{r}.val_kwargs.n=1",
+        f"{r}.val_kwargs.do_sample=True", f"{r}.free_cache_engine=False", f"{r}.agent.num_workers=1",
+        "reward.reward_manager.name=dapo",
+        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
+        "reward.custom_reward_function.name=compute_score",
+        f"+reward.reward_kwargs.max_resp_len={MAX_RESPONSE}",
+        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
+        f"+reward.reward_kwargs.overlong_buffer_cfg.len={OVERLONG}",
+        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
+        "trainer.project_name=tiny_dapo", "trainer.experiment_name=megatron_ep2_cpu",
+        "trainer.logger=[console,file]", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.device=cpu",
+        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
+        f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
+        f"trainer.default_local_dir={workdir / 'checkpoints'}", "trainer.resume_mode=disable",
+        "+ray_kwargs.ray_init.num_cpus=8", "ray_kwargs.ray_init.include_dashboard=False",
+    ]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run(workdir: Path, steps: int, timeout: float) -> dict:
+    workdir.mkdir(parents=True, exist_ok=True)
+    files = prepare(workdir)
+    log = workdir / "metrics.jsonl"
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
+           "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps)]
+    t0 = time.time()
+    with open(workdir / "train.log", "w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=workdir)
+    records = read_metrics(log)
+    return {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1), "steps": len(records),
+            "metrics_log": str(log), "train_log": str(workdir / "train.log"),
+            "last": records[-1]["data"] if records else None}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.verl_plugin.tiny_dapo")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=1800)
+    a = ap.parse_args(argv)
+    result = run(Path(a.workdir).absolute(), a.steps, a.timeout)
+    print(json.dumps(result))
+    return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
