@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml requirements/lock.txt requirements/lock-verl.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mcore-dapo demo
+	$(BIN)/mcore-dapo demo --workdir demo-out
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)

@@ -14,7 +14,10 @@
    (when verl is installed);
 7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
    builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
-   ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model.
+   ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
+8. verl's DAPO trainer itself for three steps (``mcore_dapo.verl_plugin.tiny_dapo``): Ray, the
+   agent loop on the plugin's ``hf_cpu`` rollout, the dapo reward manager, dynamic sampling, the
+   Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run.
 """
 
 from __future__ import annotations
@@ -127,13 +130,32 @@ def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
     }
 
 
+def verl_trainer(workdir: Path, steps: int = 3) -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
+        return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
+    from mcore_dapo.verl_plugin.tiny_dapo import read_metrics, run
+
+    r = run(workdir / "tiny-dapo", steps, timeout=1200)
+    rows = [m["data"] for m in read_metrics(Path(r["metrics_log"]))]
+    per_step = [{"step": i + 1, "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
+                 "evicted": m.get("training/filter_groups/evicted_samples", 0),
+                 "rollout_vs_actor": m.get("training/rollout_probs_diff_max"), "seconds": m.get("timing_s/step")}
+                for i, m in enumerate(rows)]
+    return {"steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
+            "plot": r.get("plot"), "train_log": r["train_log"],
+            "passed": r["returncode"] == 0 and len(rows) == steps
+            and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 5e-3 for p in per_step)}
+
+
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
     from mcore_dapo.testing.tiny import make_tiny_model
 
     t0 = time.time()
-    steps = tqdm(total=6 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
+    steps = tqdm(total=7 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
     hf_dir = workdir / "tiny-qwen3-moe"
     steps.set_postfix_str("generating tiny Qwen3-MoE")
     make_tiny_model(hf_dir, seed=0)
@@ -162,6 +184,9 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     steps.set_postfix_str("DAPO update through verl's Megatron engine")
     engine = verl_engine_update(hf_dir, workdir)
     steps.update()
+    steps.set_postfix_str("verl's DAPO trainer, 3 steps (Ray, hf_cpu rollout)")
+    trainer = verl_trainer(workdir)
+    steps.update()
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -175,8 +200,9 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
         "rollout_sync": sync,
         "dapo_update": dapo,
         "verl_engine_update": engine,
+        "verl_trainer": trainer,
         "passed": all(r["passed"] for r in runs) and conversion["passed"] and sync["passed"]
-        and dapo.get("passed", True) and engine.get("passed", True),
+        and dapo.get("passed", True) and engine.get("passed", True) and trainer.get("passed", True),
         "seconds": round(time.time() - t0, 1),
     }
 
@@ -231,6 +257,17 @@ def render(summary: dict) -> str:
             f"rollout received the engine's weights exactly: {e['received_vs_engine'] == 0.0}, "
             f"{100 * e['bf16_beyond_one_step']:.1f}% of elements more than one bf16 step from the fp32 update  "
             f"{'PASS' if e['passed'] else 'FAIL'}")
+    t = summary["verl_trainer"]
+    if "skipped" in t:
+        lines.append(f"verl trainer: skipped ({t['skipped']})")
+    else:
+        lines.append(f"verl's DAPO trainer on the CPU ({len(t['steps'])} steps in {t['seconds']} s, Megatron EP2 actor, "
+                     f"hf_cpu rollout)  {'PASS' if t['passed'] else 'FAIL'}")
+        lines.append("  step   score mean   grad norm   groups dropped   rollout vs actor max|dp|   step s")
+        for p in t["steps"]:
+            lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {p['grad_norm']:>9.3f}   {p['evicted']:>14.0f}   "
+                         f"{p['rollout_vs_actor']:>24.1e}   {p['seconds']:>6.1f}")
+        lines.append(f"  metrics: {t['metrics_log']}   plot: {t['plot']}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]
     return "\n".join(lines)

@@ -42,7 +42,7 @@ def tokenizer(vocab_size: int):
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{vocab_size - 1}")
 
 
-def make_batch(vocab_size: int) -> dict:
+def make_batch(vocab_size: int, seed: int = 7) -> dict:
     """Groups of N responses with lengths 3..8 (some inside the overlong buffer), DAPO rewards, GRPO advantages."""
     import numpy as np
 
@@ -50,7 +50,7 @@ def make_batch(vocab_size: int) -> dict:
     from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
     from verl.workers.reward_manager.dapo import DAPORewardManager
 
-    g = torch.Generator().manual_seed(7)
+    g = torch.Generator().manual_seed(seed)
     bs = GROUPS * N
     prompts = torch.randint(0, vocab_size - 1, (GROUPS, PROMPT), generator=g).repeat_interleave(N, 0)
     responses = torch.randint(0, vocab_size - 1, (bs, RESPONSE), generator=g)

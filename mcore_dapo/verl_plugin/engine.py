@@ -118,7 +118,7 @@ def _build_tf_config(engine) -> None:
     if flags and get_adapter().name != "npu":
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
-    engine.mcore_overrides = fields
+    engine.mcore_overrides = fields = _attention_backend(fields, get_adapter().name)
     tf = build_transformer_config(cfg, engine.mcore_bridge.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
     from mcore_dapo.verl_plugin.ckpt_bridge import CheckpointBridge
 
@@ -126,6 +126,27 @@ def _build_tf_config(engine) -> None:
     engine.bridge = CheckpointBridge(engine.mcore_bridge, engine.param_dtype)
     engine.tf_config, engine.provider, engine.vanilla_bridge = tf, None, True
     engine.peft_cls = None
+
+
+def _attention_backend(fields: dict, device: str) -> dict:
+    """verl spells ``attention_backend`` as a string (default ``flash``); Megatron wants the enum.
+    Flash and fused kernels need Transformer Engine: on the CPU the local (unfused) kernel runs."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    from mcore_dapo.errors import UserError
+
+    fields = dict(fields)
+    backend = fields.get("attention_backend")
+    if isinstance(backend, str):
+        if backend not in AttnBackend.__members__:
+            raise UserError(f"override_transformer_config.attention_backend={backend!r} is not one of "
+                            f"{', '.join(AttnBackend.__members__)}")
+        backend = AttnBackend[backend]
+    if backend is not None and device == "cpu":
+        backend = AttnBackend.local
+    if backend is not None:
+        fields["attention_backend"] = backend
+    return fields
 
 
 def _build_megatron_module(engine):

@@ -40,7 +40,6 @@ def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1) -> list[str]:
         f"{a}.megatron.expert_model_parallel_size={ep}",
         f"{a}.megatron.expert_tensor_parallel_size=1",
         f"{a}.megatron.use_distributed_optimizer=False",
-        f"{a}.megatron.override_transformer_config.attention_backend=auto",
         f"{a}.clip_ratio_low=0.2",
         f"{a}.clip_ratio_high=0.28",
         f"{a}.clip_ratio_c=10.0",
@@ -114,7 +113,7 @@ def run(a) -> dict:
     engine = worker.actor.engine
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
 
-    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size)
+    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size, seed=a.seed)
     data = rollout_batch(batch)
     bs = len(data)
     # the old policy: verl's compute_log_prob (infer_batch), then noise so that all clip ranges act
@@ -202,6 +201,7 @@ def main(argv=None) -> int:
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--ep", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7, help="seed of the batch (tokens, lengths of the responses)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from mcore_dapo.runtime.launch import finish_worker

@@ -2,7 +2,8 @@
 
 verl 0.9.1 knows ``nvidia``, ``huawei`` and ``amd``; with none of them present it falls
 back to ``nvidia`` and calls ``torch.cuda``. This platform lets verl's trainer, workers and
-Megatron engine run on the CPU: device ``cpu``, collectives on gloo, Ray resource ``CPU``.
+Megatron engine run on the CPU: device ``cpu``, collectives on gloo, trainer slots
+counted as Ray's logical ``GPU`` resource (start Ray with ``num_gpus`` = the slots).
 It is registered after verl's own platforms, so verl's auto-detection picks it only when no
 accelerator is found and torch is a CPU build (or with ``VERL_PLATFORM=cpu``). Memory queries answer from the
 process (``max_memory_allocated`` is the peak RSS), stream and IPC calls are no-ops.
@@ -80,7 +81,7 @@ def platform_class():
     from verl.plugin.platform.platform_base import PlatformBase
 
     class PlatformCPU(PlatformBase):
-        """verl on the CPU: gloo collectives, Ray ``CPU`` resources."""
+        """verl on the CPU: gloo collectives, trainer slots as Ray's logical GPU resource."""
 
         _module = None
 
@@ -137,7 +138,7 @@ def platform_class():
             return "gloo"
 
         def visible_devices_envvar(self) -> str:
-            return "MCORE_DAPO_VISIBLE_CPUS"
+            return "CUDA_VISIBLE_DEVICES"  # what Ray sets for actors holding its logical GPU slots
 
         @contextlib.contextmanager
         def nvtx_range(self, msg: str):
@@ -149,11 +150,13 @@ def platform_class():
         def profiler_stop(self) -> None:
             return None
 
+        # Trainer slots are Ray's logical "GPU" resource (ray.init(num_gpus=N) needs no GPU): verl's
+        # resource pools, placement groups and its resource check count "GPU" (or "NPU") only.
         def ray_resource_name(self) -> str:
-            return "CPU"
+            return "GPU"
 
         def ray_resource_options(self, num_gpus: float) -> dict:
-            return {"num_cpus": num_gpus}
+            return {"num_gpus": num_gpus}
 
         def ray_noset_envvars(self) -> list[str]:
             return []

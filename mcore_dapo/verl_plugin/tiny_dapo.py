@@ -8,11 +8,15 @@ prepares ``W`` (model + word-level tokenizer with a chat template, train/val par
 reward function) and runs ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``: the same
 entry point and the same DAPO overrides as ``configs/dapo_qwen3_30b_*.sh``, with tiny sizes,
 ``trainer.device=cpu`` and the rollout on the CPU. verl writes its metrics, one JSON line per
-step, to ``W/metrics.jsonl``; the last line printed is a JSON summary.
+step, to ``W/metrics.jsonl`` and its console log to ``W/train.log``; ``W/tiny_dapo.png`` plots
+reward, response length, throughput and the timing breakdown per step (``mcore-dapo metrics``
+reads the same log); the last line printed is a JSON summary.
 
 The task: a prompt of 8 tokens and a target parity; a response is correct when its first token
-has that parity (about half of a random policy's answers, so some groups are all right or all
-wrong and dynamic sampling drops them). Score +1 / -1, plus the dapo manager's overlong penalty.
+has that parity (about half of a random policy's answers). Every fourth prompt accepts any
+answer: its groups are all correct, carry no signal, and dynamic sampling must drop them (as
+it drops the all-right / all-wrong groups that chance produces). Score +1 / -1, plus the dapo
+manager's overlong penalty.
 """
 
 from __future__ import annotations
@@ -28,15 +32,32 @@ from pathlib import Path
 PROMPT_TOKENS, PROMPTS = 8, 64
 MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 6
 TRAIN_BSZ, N = 4, 4
-EOS = "t255"
+WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
     """+1 when the first response token has the target parity, else -1; ``acc`` for filter_groups."""
     words = solution_str.split()
-    ok = bool(words) and words[0].startswith("t") and words[0][1:].isdigit() and int(words[0][1:]) % 2 == int(
-        ground_truth)
+    ok = ground_truth == "any" or (bool(words) and words[0].startswith("t") and words[0][1:].isdigit()
+                                   and int(words[0][1:]) % 2 == int(ground_truth))
     return {"score": 1.0 if ok else -1.0, "acc": float(ok)}
+
+
+def chatml_tokenizer():
+    """A word-level tokenizer over the tiny vocabulary, ``t0`` .. ``t252`` plus the ChatML pieces verl's
+    Qwen handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn)."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(WORDS)}
+    vocab.update({"\n": NEWLINE, "<|im_end|>": IM_END, "<|endoftext|>": PAD})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True),
+                            AddedToken("\n", special=False, normalized=False)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    return fast
 
 
 def prepare(workdir: Path) -> dict:
@@ -44,28 +65,24 @@ def prepare(workdir: Path) -> dict:
     import torch
 
     from mcore_dapo.testing.tiny import make_tiny_model
-    from mcore_dapo.verl_plugin.dapo_check import tokenizer
 
     model = workdir / "tiny-qwen3-moe"
     if not (model / "config.json").is_file():
-        make_tiny_model(model, seed=0, eos_token_id=255, pad_token_id=0, bos_token_id=None)
-        tok = tokenizer(256)
-        tok.pad_token = "t0"
-        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-        tok.save_pretrained(model)
+        make_tiny_model(model, seed=0, eos_token_id=IM_END, pad_token_id=PAD, bos_token_id=None)
+        chatml_tokenizer().save_pretrained(model)
     g = torch.Generator().manual_seed(11)
     rows = []
     for i in range(PROMPTS):
-        ids = torch.randint(1, 255, (PROMPT_TOKENS,), generator=g).tolist()
+        ids = torch.randint(1, WORDS, (PROMPT_TOKENS,), generator=g).tolist()
         rows.append({"data_source": "tiny_parity", "prompt": [{"role": "user", "content": " ".join(f"t{x}" for x in ids)}],
-                     "ability": "parity", "reward_model": {"style": "rule", "ground_truth": str(i % 2)},
+                     "ability": "parity", "reward_model": {"style": "rule", "ground_truth": "any" if i % 4 == 3 else str(i % 2)},
                      "extra_info": {"index": i}})
     pd.DataFrame(rows[:48]).to_parquet(workdir / "train.parquet")
     pd.DataFrame(rows[48:]).to_parquet(workdir / "val.parquet")
     return {"model": model, "train": workdir / "train.parquet", "val": workdir / "val.parquet"}
 
 
-def overrides(files: dict, workdir: Path, steps: int, ep: int = 2) -> list[str]:
+def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3) -> list[str]:
     """The DAPO overrides of configs/dapo/common.sh, at tiny sizes, for 2 CPU processes."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     layout = []
@@ -88,12 +105,10 @@ def overrides(files: dict, workdir: Path, steps: int, ep: int = 2) -> list[str]:
         f"{a}.use_dynamic_bsz=False", f"{a}.ppo_micro_batch_size_per_gpu=2",
         f"{r}.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         f"actor_rollout_ref.model.path={files['model']}",
-        f"{a}.optim.lr=1e-3", f"{a}.optim.lr_warmup_steps=0", f"{a}.optim.weight_decay=0.1",
+        f"{a}.optim.lr={lr}", f"{a}.optim.lr_warmup_steps=0", f"{a}.optim.weight_decay=0.1",
         f"{a}.ppo_mini_batch_size={TRAIN_BSZ}", f"{a}.entropy_coeff=0", f"{a}.optim.clip_grad=1.0",
         f"{a}.loss_agg_mode=token-mean", f"{a}.strategy=megatron", *layout,
         f"{a}.megatron.use_distributed_optimizer=False", f"{a}.megatron.dtype=bfloat16",
-        f"{a}.megatron.override_transformer_config.attention_backend=auto",
-        "actor_rollout_ref.ref.megatron.override_transformer_config.attention_backend=auto",
         f"{r}.name=hf_cpu", f"{r}.tensor_model_parallel_size=1", f"{r}.temperature=1.0", f"{r}.top_p=1.0",
         f"{r}.top_k=-1", f"{r}.val_kwargs.temperature=1.0", f"{r}.val_kwargs.top_p=0.7", f"{r}.val_kwargs.n=1",
         f"{r}.val_kwargs.do_sample=True", f"{r}.free_cache_engine=False", f"{r}.agent.num_workers=1",
@@ -110,7 +125,7 @@ def overrides(files: dict, workdir: Path, steps: int, ep: int = 2) -> list[str]:
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
         f"trainer.default_local_dir={workdir / 'checkpoints'}", "trainer.resume_mode=disable",
-        "+ray_kwargs.ray_init.num_cpus=8", "ray_kwargs.ray_init.include_dashboard=False",
+        "ray_kwargs.ray_init.num_cpus=32", "+ray_kwargs.ray_init.num_gpus=2", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", "+ray_kwargs.ray_init.include_dashboard=False",
     ]
 
 
@@ -118,7 +133,7 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def run(workdir: Path, steps: int, timeout: float) -> dict:
+def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     files = prepare(workdir)
     log = workdir / "metrics.jsonl"
@@ -126,14 +141,26 @@ def run(workdir: Path, steps: int, timeout: float) -> dict:
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps)]
+    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps, lr=lr)]
     t0 = time.time()
     with open(workdir / "train.log", "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=workdir)
     records = read_metrics(log)
-    return {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1), "steps": len(records),
-            "metrics_log": str(log), "train_log": str(workdir / "train.log"),
-            "last": records[-1]["data"] if records else None}
+    result = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1), "steps": len(records),
+              "metrics_log": str(log), "train_log": str(workdir / "train.log"),
+              "last": records[-1]["data"] if records else None}
+    if records:
+        result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png"))
+    return result
+
+
+def plot(train_log: Path, out: Path) -> Path:
+    """Reward, response length, the guide's e2e throughput and the timing breakdown per step."""
+    from mcore_dapo.metrics import Batch, read_run, with_throughputs
+    from mcore_dapo.metrics.plot import plot_runs
+
+    batch = Batch(world_size=2, prompts=TRAIN_BSZ, responses_per_prompt=N)
+    return plot_runs({"tiny DAPO, Megatron EP2 (CPU)": with_throughputs(read_run(train_log), batch)}, out)
 
 
 def main(argv=None) -> int:
@@ -141,8 +168,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--lr", type=float, default=1e-3)
     a = ap.parse_args(argv)
-    result = run(Path(a.workdir).absolute(), a.steps, a.timeout)
+    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 
