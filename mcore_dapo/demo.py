@@ -207,6 +207,16 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     }
 
 
+def _shown(path: str | None) -> str | None:
+    """A path below the current folder as a relative one (what the user typed for --workdir)."""
+    import os
+
+    if path is None:
+        return None
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def render(summary: dict) -> str:
     m = summary["model"]
     lines = [
@@ -267,7 +277,7 @@ def render(summary: dict) -> str:
         for p in t["steps"]:
             lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {p['grad_norm']:>9.3f}   {p['evicted']:>14.0f}   "
                          f"{p['rollout_vs_actor']:>24.1e}   {p['seconds']:>6.1f}")
-        lines.append(f"  metrics: {t['metrics_log']}   plot: {t['plot']}")
+        lines.append(f"  metrics: {_shown(t['metrics_log'])}   plot: {_shown(t['plot'])}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]
     return "\n".join(lines)

@@ -134,6 +134,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3) -> dict:
+    workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
     files = prepare(workdir)
     log = workdir / "metrics.jsonl"
