@@ -17,7 +17,8 @@
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
 8. verl's DAPO trainer itself for three steps (``mcore_dapo.verl_plugin.tiny_dapo``): Ray, the
    agent loop on the plugin's ``hf_cpu`` rollout, the dapo reward manager, dynamic sampling, the
-   Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run.
+   Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run; every
+   update recomputed on the HF model from that step's weights (the audit).
 """
 
 from __future__ import annotations
@@ -137,16 +138,20 @@ def verl_trainer(workdir: Path, steps: int = 3) -> dict:
         return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
     from mcore_dapo.verl_plugin.tiny_dapo import read_metrics, run
 
-    r = run(workdir / "tiny-dapo", steps, timeout=1200)
+    r = run(workdir / "tiny-dapo", steps, timeout=1200, audit=True)
     rows = [m["data"] for m in read_metrics(Path(r["metrics_log"]))]
+    audit = r.get("audit") or []
     per_step = [{"step": i + 1, "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
+                 "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
                  "evicted": m.get("training/filter_groups/evicted_samples", 0),
                  "rollout_vs_actor": m.get("training/rollout_probs_diff_max"), "seconds": m.get("timing_s/step")}
                 for i, m in enumerate(rows)]
     return {"steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
             "plot": r.get("plot"), "train_log": r["train_log"],
             "passed": r["returncode"] == 0 and len(rows) == steps
-            and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 5e-3 for p in per_step)}
+            and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 5e-3 for p in per_step)
+            and all(p["reference_grad_norm"] is not None
+                    and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] for p in per_step)}
 
 
 def run_demo(workdir: Path, progress: bool = True) -> dict:
@@ -273,9 +278,11 @@ def render(summary: dict) -> str:
     else:
         lines.append(f"verl's DAPO trainer on the CPU ({len(t['steps'])} steps in {t['seconds']} s, Megatron EP2 actor, "
                      f"hf_cpu rollout)  {'PASS' if t['passed'] else 'FAIL'}")
-        lines.append("  step   score mean   grad norm   groups dropped   rollout vs actor max|dp|   step s")
+        lines.append("  step   score mean   grad norm   HF reference   groups dropped   rollout vs actor max|dp|   step s")
         for p in t["steps"]:
-            lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {p['grad_norm']:>9.3f}   {p['evicted']:>14.0f}   "
+            ref = p["reference_grad_norm"]
+            lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {p['grad_norm']:>9.4f}   "
+                         f"{'-' if ref is None else format(ref, '.4f'):>12}   {p['evicted']:>14.0f}   "
                          f"{p['rollout_vs_actor']:>24.1e}   {p['seconds']:>6.1f}")
         lines.append(f"  metrics: {_shown(t['metrics_log'])}   plot: {_shown(t['plot'])}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "

@@ -17,14 +17,14 @@ def tiny_run(tmp_path_factory):
     from mcore_dapo.verl_plugin.tiny_dapo import read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo")
-    result = run(work, STEPS, timeout=1200)
+    result = run(work, STEPS, timeout=1200, audit=True)
     log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
     assert result["returncode"] == 0, log_tail
-    return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail
+    return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail, result["audit"]
 
 
 def test_trainer_runs_the_steps_on_megatron(tiny_run):
-    steps, log = tiny_run
+    steps, log, _ = tiny_run
     assert len(steps) == STEPS, log
     for m in steps:
         assert math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
@@ -35,7 +35,7 @@ def test_trainer_runs_the_steps_on_megatron(tiny_run):
 def test_rollout_holds_the_trained_weights_every_step(tiny_run):
     # verl compares the rollout's log-probs (HF model on the CPU, weights synced from Megatron after
     # every update) with the actor's recomputation on Megatron: equal weights -> bf16 noise only
-    steps, _ = tiny_run
+    steps, _, _ = tiny_run
     for m in steps:
         assert m["training/rollout_probs_diff_valid"] == 1.0
         assert m["training/rollout_probs_diff_max"] < 5e-3
@@ -43,6 +43,15 @@ def test_rollout_holds_the_trained_weights_every_step(tiny_run):
 
 
 def test_dapo_pieces_act(tiny_run):
-    steps, _ = tiny_run
+    steps, _, _ = tiny_run
     assert sum(m.get("training/filter_groups/evicted_samples", 0) for m in steps) > 0  # dynamic sampling
     assert min(m["critic/score/min"] for m in steps) < -1.0  # overlong penalty of the dapo reward manager
+
+
+def test_every_update_matches_the_hf_reference(tiny_run):
+    # each step's batch and pre-update weights, recomputed in one process on the HF model: verl's
+    # micro-batching and loss scaling, Megatron's schedules, EP all-to-all, DDP and bf16 agree
+    steps, _, audit = tiny_run
+    assert len(audit) == STEPS
+    for a in audit:
+        assert a["engine_grad_norm"] == pytest.approx(a["reference_grad_norm"], rel=1e-2), a

@@ -44,7 +44,9 @@ class CheckpointBridge:
         weights = WeightExporter(list(models), self.bridge, info, dtype=self.dtype).iter_weights()
         index = None
         if info.rank == 0:
-            with output.staged(Path(weights_path).absolute(), overwrite=True) as partial:
+            out = Path(weights_path).absolute()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with output.staged(out, overwrite=True) as partial:
                 index = write_shards(weights, partial, shard_bytes)
         else:
             for _ in weights:

@@ -71,6 +71,13 @@ def engine_class():
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
             return export_weights(self), None
 
+        def train_batch(self, data, loss_function):
+            from mcore_dapo.verl_plugin import audit
+
+            if audit.enabled():  # MCORE_DAPO_AUDIT_DIR: weights, batch and grad norm of every step
+                return audit.audited_train_batch(self, super().train_batch, data, loss_function)
+            return super().train_batch(data, loss_function)
+
     return McoreDapoEngine
 
 

@@ -68,7 +68,9 @@ def prepare(workdir: Path) -> dict:
 
     model = workdir / "tiny-qwen3-moe"
     if not (model / "config.json").is_file():
-        make_tiny_model(model, seed=0, eos_token_id=IM_END, pad_token_id=PAD, bos_token_id=None)
+        # no pad_token_id in the model's config: transformers would zero that embedding row and freeze it
+        # (padding_idx), Megatron trains every row; the policy samples <|endoftext|> like any token
+        make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None)
         chatml_tokenizer().save_pretrained(model)
     g = torch.Generator().manual_seed(11)
     rows = []
@@ -133,15 +135,23 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3) -> dict:
+def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False) -> dict:
+    """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
+    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step."""
+    import shutil
+
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
+    audit_dir = workdir / "audit"
+    shutil.rmtree(audit_dir, ignore_errors=True)
     files = prepare(workdir)
     log = workdir / "metrics.jsonl"
     log.unlink(missing_ok=True)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    if audit:
+        env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps, lr=lr)]
     t0 = time.time()
     with open(workdir / "train.log", "w") as out:
@@ -152,6 +162,10 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3) -> dict:
               "last": records[-1]["data"] if records else None}
     if records:
         result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png"))
+    if audit and proc.returncode == 0:
+        from mcore_dapo.verl_plugin.audit import reference
+
+        result["audit"] = reference(audit_dir)
     return result
 
 
@@ -170,8 +184,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--audit", action="store_true",
+                    help="recompute every update on the HF model from the engine's weights of that step")
     a = ap.parse_args(argv)
-    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr)
+    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 
