@@ -53,3 +53,13 @@ def test_verl_engine_rollout_receives_updated_weights(engine_update):
     # within one bf16 step of the fp32 reference update almost everywhere (bf16 routing and
     # near-zero gradients flip a few Adam signs in lightly used experts)
     assert want["bf16_beyond_one_step"] < 0.05
+
+
+def test_verl_checkpoint_save_and_resume_through_the_plugin(engine_update):
+    # verl's MegatronCheckpointManager: HF weights through the plugin's checkpoint bridge, optimizer
+    # and RNG through Megatron's dist checkpointing; then load_checkpoint into disturbed parameters
+    got, _ = engine_update
+    assert got["checkpoint_hf_folder"] == "model/huggingface"
+    assert got["checkpoint_hf_tensors"] == got["tensors_synced"]
+    assert got["checkpoint_vs_received"] == 0.0
+    assert got["resumed_vs_received"] == 0.0

@@ -72,3 +72,58 @@ def test_engine_registered_for_cpu_after_verl_engine_import():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "McoreDapoEngine" in p.stdout and "('cuda', 'nvidia')" in p.stdout
+
+
+def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
+    code = ("import sys, verl; assert 'megatron' not in sys.modules; "
+            "from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device, get_resource_name; "
+            "from verl.workers.rollout import get_rollout_class; "
+            "from verl.workers.rollout.replica import get_rollout_replica_class; "
+            "import verl.utils.distributed as vd; "
+            "print(get_device_name(), get_nccl_backend(), get_resource_name(), get_torch_device().current_device(), "
+            "get_rollout_class('hf_cpu', 'async').__name__, get_rollout_replica_class('hf_cpu').__name__, "
+            "vd.initialize_global_process_group_ray._mcore_dapo)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["cpu", "gloo", "GPU", "cpu", "CpuServerAdapter", "CpuRolloutReplica", "True"]
+
+
+def test_cpu_platform_not_chosen_when_torch_has_cuda(monkeypatch):
+    import torch
+
+    from mcore_dapo.verl_plugin import platform_cpu
+
+    assert platform_cpu.cpu_only_torch()
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    assert not platform_cpu.cpu_only_torch()
+
+
+def test_rollout_sampling_rules(tmp_path):
+    import torch
+    from types import SimpleNamespace
+
+    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.verl_plugin.rollout_cpu import response_budget, sample
+    from transformers import AutoModelForCausalLM
+
+    cfg = SimpleNamespace(max_model_len=None, prompt_length=8, response_length=6)
+    assert response_budget(cfg, 5, {}) == 6
+    assert response_budget(cfg, 10, {}) == 4  # prompt_length + response_length - prompt
+    params = {"max_tokens": 100}
+    assert response_budget(cfg, 5, params) == 9 and "max_tokens" not in params  # clamped to max_model_len
+    with pytest.raises(ValueError, match="no room"):
+        response_budget(cfg, 14, {})
+
+    model = AutoModelForCausalLM.from_pretrained(make_tiny_model(tmp_path / "m"), dtype=torch.float32).eval()
+    prompt = [3, 5, 7, 9]
+    greedy, lp, _ = sample(model, prompt, 5, temperature=0.0, want_logprobs=True)
+    assert greedy == sample(model, prompt, 5, top_k=1)[0]  # top-1 sampling is greedy
+    with torch.no_grad():  # the first token and its log-prob from a plain forward pass
+        logits = model(input_ids=torch.tensor([prompt])).logits[0, -1]
+    assert greedy[0] == int(logits.argmax())
+    assert lp[0] == pytest.approx(float(torch.log_softmax(logits, -1).max()), abs=1e-5)
+    stop = greedy[1]
+    assert sample(model, prompt, 5, temperature=0.0, eos={stop})[0] == greedy[:greedy.index(stop) + 1]  # eos ends it
+    g = torch.Generator().manual_seed(0)
+    a = sample(model, prompt, 8, generator=g)[0]
+    assert len(a) == 8 and a == sample(model, prompt, 8, generator=torch.Generator().manual_seed(0))[0]

@@ -1,9 +1,10 @@
 """Patches that let real megatron-core run on the CPU under gloo (see patches/manifest.toml).
 
-Kept narrow on purpose: nothing here touches ``torch`` itself. Megatron's own
-modules see a *view* of torch whose ``cuda`` namespace maps to the CPU; every
-other package (transformers computing the HF reference, in particular) keeps
-the real thing.
+Kept narrow on purpose: Megatron's own modules see a *view* of torch whose ``cuda``
+namespace maps to the CPU; every other package (transformers computing the HF
+reference, in particular) keeps the real thing. The one exception touches a tensor
+method, for the duration of two dist-checkpoint exchange functions only
+(``cpu.megatron.dist-ckpt-exchange``).
 """
 
 from __future__ import annotations
@@ -405,5 +406,52 @@ def _clip_grads_cpu() -> Undo:
     def undo():
         undo_b()
         undo_a()
+
+    return undo
+
+
+# --------------------------------------------------------------------------------------
+# cpu.megatron.dist-ckpt-exchange
+# --------------------------------------------------------------------------------------
+
+_EXCHANGE_FUNCTIONS = ("exchange_loaded_tensors_gather_rounds", "exchange_loaded_tensors_broadcast")
+
+
+@contextlib.contextmanager
+def _tensor_cuda_stays_on_cpu():
+    original = torch.Tensor.cuda
+
+    def cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+        return self
+
+    torch.Tensor.cuda = cuda
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = original
+
+
+@implements("cpu.megatron.dist-ckpt-exchange")
+def _dist_ckpt_exchange() -> Undo:
+    from megatron.core.dist_checkpointing import exchange_utils
+    from megatron.core.dist_checkpointing import tensor_aware_state_dict
+    from megatron.core.dist_checkpointing.strategies import fully_parallel
+
+    undos = []
+    for name in _EXCHANGE_FUNCTIONS:
+        original = getattr(exchange_utils, name)
+
+        def wrapped(*args, _original=original, **kwargs):
+            with _tensor_cuda_stays_on_cpu():
+                return _original(*args, **kwargs)
+
+        wrapped.__wrapped__ = original
+        for module in (exchange_utils, fully_parallel, tensor_aware_state_dict):
+            if getattr(module, name, None) is original:
+                undos.append(swap(module, name, wrapped))
+
+    def undo():
+        for u in reversed(undos):
+            u()
 
     return undo

@@ -29,8 +29,10 @@ class CheckpointBridge:
         from mcore_dapo.runtime.model import load_hf_weights
         from mcore_dapo.runtime.parallel import parallel_info
 
-        with HFReader(weights_path) as reader:
-            return load_hf_weights(list(models), self.bridge, reader, parallel_info())
+        from mcore_dapo.resharding.export import unwrap
+
+        with HFReader(weights_path) as reader:  # verl passes its DDP / Float16Module-wrapped chunks
+            return load_hf_weights([unwrap(m) for m in models], self.bridge, reader, parallel_info())
 
     def save_weights(self, models, weights_path, shard_bytes: int = SHARD_BYTES) -> dict | None:
         """Collective: every rank takes part in the gathers; rank 0 writes. Returns the index on rank 0."""

@@ -1,15 +1,20 @@
 """verl's Megatron engine with this project's model building, weight loading and weight export.
 
-:class:`McoreDapoEngine` subclasses verl 0.9.1's ``MegatronEngineWithLMHead`` and
-replaces exactly three methods (everything else, losses, schedules, optimizer, is verl's):
+:class:`McoreDapoEngine` subclasses verl 0.9.1's ``MegatronEngineWithLMHead`` and replaces
+these methods (everything else, losses, micro-batching, schedules, optimizer, LR scheduler,
+checkpoint manager, is verl's):
 
+* ``_init_device_mesh``: the device adapter's patches (MindSpeed's ``repatch`` on Ascend, the CPU
+  patches on the CPU) before verl's ``initialize_model_parallel``;
 * ``_build_tf_config``: the TransformerConfig from :mod:`mcore_dapo.bridge` (Qwen3/Qwen3-MoE,
-  the actor's TP/PP/EP/ETP/CP/VPP, verl's ``override_transformer_config`` on top);
-* ``_build_megatron_module``: the device adapter first (MindSpeed on Ascend, TE on CUDA, gloo
-  and CPU patches on the CPU), the model from :func:`mcore_dapo.runtime.model.build_model`,
-  Megatron's DDP wrapper when training, weights from the HF folder through the bridge or
-  from a torch_dist checkpoint (``megatron.use_dist_checkpointing``);
-* ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed).
+  the actor's TP/PP/EP/ETP/CP/VPP, verl's ``override_transformer_config`` on top), and the
+  checkpoint bridge verl's checkpoint manager saves and loads HF weights through;
+* ``_build_megatron_module``: the model from :func:`mcore_dapo.runtime.model.build_model`,
+  weights from the HF folder through the bridge or from a torch_dist checkpoint
+  (``megatron.use_dist_checkpointing``), ``Float16Module`` and Megatron's DDP as verl wraps them;
+* ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed);
+* ``train_batch``: verl's, plus the audit of :mod:`mcore_dapo.verl_plugin.audit` when
+  ``MCORE_DAPO_AUDIT_DIR`` is set.
 
 Registration: ``language_model``/``megatron`` for the CPU, and vendor keys
 (cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own
@@ -71,6 +76,22 @@ def engine_class():
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
             return export_weights(self), None
 
+        # On the CPU the model already lives where verl would "load it to the device": verl's
+        # offload helpers (which expect device buffers) have nothing to move.
+        def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
+            if _on_cpu():
+                return None
+            return super().to(device, model=model, optimizer=optimizer, grad=grad)
+
+        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+            if not _on_cpu():
+                return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
+            import torch.distributed as dist
+
+            self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
+                                                      global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+            dist.barrier()
+
         def train_batch(self, data, loss_function):
             from mcore_dapo.verl_plugin import audit
 
@@ -79,6 +100,12 @@ def engine_class():
             return super().train_batch(data, loss_function)
 
     return McoreDapoEngine
+
+
+def _on_cpu() -> bool:
+    from verl.utils.device import get_device_name
+
+    return get_device_name() == "cpu"
 
 
 def _layout(engine_config):

@@ -144,6 +144,7 @@ def run(a) -> dict:
     per_tensor, _ = engine.get_per_tensor_param()
     received = receiver.load_weights(per_tensor)
     sync_diff = received_vs_engine(engine, receiver)
+    saved = saved_vs_received(engine, receiver, Path(a.work) / "verl-checkpoint")
     result = None
     if dist.get_rank() == 0:
         work = Path(a.work)
@@ -155,8 +156,32 @@ def run(a) -> dict:
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
                   "layout": engine.mcore_bridge.layout.describe(), "tensors_synced": len(received),
                   "rewards": batch["rewards"].tolist(), "rows": [rows.start, rows.stop],
-                  "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype)}
+                  "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype), **saved}
     return result
+
+
+def saved_vs_received(engine, receiver, folder: Path) -> dict:
+    """verl's own ``save_checkpoint`` (its MegatronCheckpointManager: HF weights through the plugin's
+    checkpoint bridge, the optimizer through Megatron's dist checkpointing); the HF weights it wrote
+    against what the rollout received; then ``load_checkpoint`` into disturbed parameters."""
+    from mcore_dapo.io.hf_reader import HFReader
+
+    engine.save_checkpoint(str(folder), global_step=1)
+    found = sorted(p.parent for p in folder.rglob("model.safetensors.index.json"))
+    if not found:
+        return {"checkpoint_hf_tensors": 0, "checkpoint_vs_received": None}
+    with HFReader(found[0]) as reader:
+        names = list(receiver.targets)
+        worst = max(float((reader.get(n).float() - receiver.read_weight(n).float()).abs().max()) for n in names)
+    # resume: disturb every parameter, load the checkpoint back through verl, compare again
+    with torch.no_grad():
+        for chunk in engine.module:
+            for p in chunk.parameters():
+                p.add_(1.0)
+    engine.load_checkpoint(str(folder), del_local_after_load=False)
+    resumed = received_vs_engine(engine, receiver)
+    return {"checkpoint_hf_tensors": len(names), "checkpoint_vs_received": worst,
+            "checkpoint_hf_folder": str(found[0].relative_to(folder)), "resumed_vs_received": resumed}
 
 
 def received_vs_engine(engine, receiver) -> float:
