@@ -57,6 +57,7 @@ def test_dry_run_valid(script, want):
     (["actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"], "and ref layout"),
     (["trainer.nnodes=1", "trainer.n_gpus_per_node=4"], "world size 4 is not divisible by ETP*EP*PP = 8"),
     (["trainer.nnodes=3"], "ppo_mini_batch_size*rollout.n = 512 is not divisible by the data-parallel size 12"),
+    (["trainer.device=cpu"], "set actor_rollout_ref.model.use_remove_padding=False on the CPU"),
 ])
 def test_dry_run_invalid(overrides, message):
     p = dry_run("dapo_qwen3_30b_h100.sh", *overrides)

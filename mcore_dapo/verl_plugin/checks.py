@@ -64,6 +64,15 @@ def check_batches(c, dp: int, world: int) -> None:
         raise UserError(f"rollout tensor_model_parallel_size={tp} must divide the devices per node and the world size {world}")
 
 
+THD_ON_CPU = ("actor_rollout_ref.model.use_remove_padding=True packs sequences (THD), which Megatron's attention "
+              "without Transformer Engine cannot run: set actor_rollout_ref.model.use_remove_padding=False on the CPU")
+
+
+def check_cpu(c) -> None:
+    if str(c.trainer.get("device", "")) == "cpu" and c.actor_rollout_ref.model.get("use_remove_padding", False):
+        raise UserError(THD_ON_CPU)
+
+
 def validate(c, model_dir=None) -> dict:
     """Check a composed verl config for the Megatron path; return the resolved parallel sizes."""
     import verl
@@ -81,5 +90,6 @@ def validate(c, model_dir=None) -> dict:
     check_layouts(cfg, layout, ref_layout, world)
     dp = layout.dp(world)
     check_batches(c, dp, world)
+    check_cpu(c)
     return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
             "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size)}

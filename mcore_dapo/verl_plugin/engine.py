@@ -141,6 +141,10 @@ def _build_tf_config(engine) -> None:
     from mcore_dapo.verl_plugin.checks import check_architecture
 
     cfg = check_architecture(engine.model_config.local_path)
+    if get_adapter().name == "cpu" and engine.engine_config.use_remove_padding:
+        from mcore_dapo.verl_plugin.checks import THD_ON_CPU
+
+        raise UserError(THD_ON_CPU)
     engine.is_value_model = False
     engine.share_embeddings_and_output_weights = cfg.tie_word_embeddings
     engine.param_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
