@@ -87,18 +87,27 @@ def rollout_sync(hf_dir: Path, ref: Path) -> dict:
     }
 
 
-def dapo_update(hf_dir: Path, workdir: Path) -> dict:
+def _update_and_reference(module: str, hf_dir: Path, work: Path) -> tuple[dict, dict] | None:
+    """``module`` (an EP2 update under torchrun) and then the one-process HF reference of the same update."""
     import importlib.util
 
     if importlib.util.find_spec("verl") is None:
-        return {"skipped": "verl is not installed (pip install -e '.[verl]')"}
-    work = workdir / "dapo"
+        return None
     work.mkdir(exist_ok=True)
-    got = torchrun("mcore_dapo.verl_plugin.dapo_check", ["--hf-path", str(hf_dir), "--work", str(work),
-                                                         "--ep", "2"], 2)
+    got = torchrun(module, ["--hf-path", str(hf_dir), "--work", str(work), "--ep", "2"], 2)
     ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path",
                           str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
-    want = json.loads(ref.stdout.strip().splitlines()[-1])
+    return got, json.loads(ref.stdout.strip().splitlines()[-1])
+
+
+NO_VERL = {"skipped": "verl is not installed (pip install -e '.[verl]')"}
+
+
+def dapo_update(hf_dir: Path, workdir: Path) -> dict:
+    pair = _update_and_reference("mcore_dapo.verl_plugin.dapo_check", hf_dir, workdir / "dapo")
+    if pair is None:
+        return NO_VERL
+    got, want = pair
     return {
         "layout": got["layout"], "loss": got["loss"], "reference_loss": want["loss"],
         "grad_norm": got["grad_norm"], "reference_grad_norm": want["grad_norm"],
@@ -110,17 +119,10 @@ def dapo_update(hf_dir: Path, workdir: Path) -> dict:
 
 
 def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
-    import importlib.util
-
-    if importlib.util.find_spec("verl") is None:
-        return {"skipped": "verl is not installed (pip install -e '.[verl]')"}
-    work = workdir / "verl-engine"
-    work.mkdir(exist_ok=True)
-    got = torchrun("mcore_dapo.verl_plugin.engine_check", ["--hf-path", str(hf_dir), "--work", str(work),
-                                                           "--ep", "2"], 2)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path",
-                          str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
-    want = json.loads(ref.stdout.strip().splitlines()[-1])
+    pair = _update_and_reference("mcore_dapo.verl_plugin.engine_check", hf_dir, workdir / "verl-engine")
+    if pair is None:
+        return NO_VERL
+    got, want = pair
     return {
         "engine": got["engine"], "layout": got["layout"], "loss": got["loss"], "reference_loss": want["loss"],
         "grad_norm": got["grad_norm"], "reference_grad_norm": want["grad_norm"],

@@ -17,7 +17,7 @@ import types
 
 import torch
 
-from mcore_dapo.patching.registry import Undo, implements, swap
+from mcore_dapo.patching.registry import Undo, chain, implements, swap
 
 # --------------------------------------------------------------------------------------
 # cpu.megatron.torch-cuda-namespace
@@ -329,14 +329,8 @@ def _uneven_gather_scatter() -> Undo:
 
     _gather_along_first_dim.__wrapped__ = gather
     _reduce_scatter_along_first_dim.__wrapped__ = scatter
-    undo_g = swap(mappings, "_gather_along_first_dim", _gather_along_first_dim)
-    undo_s = swap(mappings, "_reduce_scatter_along_first_dim", _reduce_scatter_along_first_dim)
-
-    def undo():
-        undo_s()
-        undo_g()
-
-    return undo
+    return chain(swap(mappings, "_gather_along_first_dim", _gather_along_first_dim),
+                 swap(mappings, "_reduce_scatter_along_first_dim", _reduce_scatter_along_first_dim))
 
 
 # --------------------------------------------------------------------------------------
@@ -400,14 +394,8 @@ def _clip_grads_cpu() -> Undo:
             torch._foreach_mul_(grads, clip_coeff)
 
     clip_grad_by_total_norm_fp32.__wrapped__ = original
-    undo_a = swap(clip_grads, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
-    undo_b = swap(mopt, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32)
-
-    def undo():
-        undo_b()
-        undo_a()
-
-    return undo
+    return chain(swap(clip_grads, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32),
+                 swap(mopt, "clip_grad_by_total_norm_fp32", clip_grad_by_total_norm_fp32))
 
 
 # --------------------------------------------------------------------------------------
@@ -449,9 +437,4 @@ def _dist_ckpt_exchange() -> Undo:
         for module in (exchange_utils, fully_parallel, tensor_aware_state_dict):
             if getattr(module, name, None) is original:
                 undos.append(swap(module, name, wrapped))
-
-    def undo():
-        for u in reversed(undos):
-            u()
-
-    return undo
+    return chain(*undos)

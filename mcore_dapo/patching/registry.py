@@ -140,6 +140,16 @@ def implemented_ids() -> set[str]:
     return set(_IMPLS)
 
 
+def chain(*undos: Undo) -> Undo:
+    """One undo for several, run in reverse order."""
+
+    def undo():
+        for u in reversed(undos):
+            u()
+
+    return undo
+
+
 def swap(obj, attr: str, new) -> Undo:
     """Set ``obj.attr = new``; the returned undo puts the original back."""
     missing = object()
