@@ -66,12 +66,14 @@ def prepare(workdir: Path) -> dict:
 
     from mcore_dapo.testing.tiny import make_tiny_model
 
+    import shutil
+
     model = workdir / "tiny-qwen3-moe"
-    if not (model / "config.json").is_file():
-        # no pad_token_id in the model's config: transformers would zero that embedding row and freeze it
-        # (padding_idx), Megatron trains every row; the policy samples <|endoftext|> like any token
-        make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None)
-        chatml_tokenizer().save_pretrained(model)
+    shutil.rmtree(model, ignore_errors=True)  # generated anew (seeded, under a second), never a stale copy
+    # no pad_token_id in the model's config: transformers would zero that embedding row and freeze it
+    # (padding_idx), Megatron trains every row; the policy samples <|endoftext|> like any token
+    make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None)
+    chatml_tokenizer().save_pretrained(model)
     g = torch.Generator().manual_seed(11)
     rows = []
     for i in range(PROMPTS):
