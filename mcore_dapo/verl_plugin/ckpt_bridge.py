@@ -26,10 +26,9 @@ class CheckpointBridge:
 
     def load_weights(self, models, weights_path) -> int:
         from mcore_dapo.io.hf_reader import HFReader
+        from mcore_dapo.resharding.export import unwrap
         from mcore_dapo.runtime.model import load_hf_weights
         from mcore_dapo.runtime.parallel import parallel_info
-
-        from mcore_dapo.resharding.export import unwrap
 
         with HFReader(weights_path) as reader:  # verl passes its DDP / Float16Module-wrapped chunks
             return load_hf_weights([unwrap(m) for m in models], self.bridge, reader, parallel_info())

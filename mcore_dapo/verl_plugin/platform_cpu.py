@@ -5,8 +5,8 @@ back to ``nvidia`` and calls ``torch.cuda``. This platform lets verl's trainer, 
 Megatron engine run on the CPU: device ``cpu``, collectives on gloo, trainer slots
 counted as Ray's logical ``GPU`` resource (start Ray with ``num_gpus`` = the slots).
 It is registered after verl's own platforms, so verl's auto-detection picks it only when no
-accelerator is found and torch is a CPU build (or with ``VERL_PLATFORM=cpu``). Memory queries answer from the
-process (``max_memory_allocated`` is the peak RSS), stream and IPC calls are no-ops.
+accelerator is found and torch is a CPU build (or with ``VERL_PLATFORM=cpu``). Memory queries
+answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
 """
 
 from __future__ import annotations

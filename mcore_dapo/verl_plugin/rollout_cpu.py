@@ -7,8 +7,10 @@ worker (``update_weights(generator of (name, tensor))``). vLLM and SGLang need a
 this module gives verl the same three pieces on the CPU, with HF transformers as the engine:
 
 * :class:`CpuRolloutServer`: a Ray actor per replica holding the HF model; sampling with
-  temperature / top-p / top-k, the response length rules of verl's vLLM server, optional
-  log-probs; weights arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
+  temperature / top-p / top-k and ``ignore_eos``, the response length rules of verl's vLLM
+  server, optional log-probs (``repetition_penalty`` and per-request seeds are not applied;
+  the server's generator is seeded from ``rollout.seed`` and the replica rank); weights
+  arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
 * :class:`CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
 * :class:`CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the trainer
   worker's side; rank 0 of each replica forwards the engine's ``(hf_name, tensor)`` to its
