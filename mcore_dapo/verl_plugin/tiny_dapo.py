@@ -129,7 +129,10 @@ def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1
         "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
         f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
         f"trainer.default_local_dir={workdir / 'checkpoints'}", "trainer.resume_mode=disable",
-        "ray_kwargs.ray_init.num_cpus=32", "+ray_kwargs.ray_init.num_gpus=2", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1", "+ray_kwargs.ray_init.include_dashboard=False",
+        # Ray on a laptop: logical CPUs for verl's many small actors, two logical GPU slots for the two
+        # trainer processes (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
+        "ray_kwargs.ray_init.num_cpus=32", "+ray_kwargs.ray_init.num_gpus=2",
+        "+ray_kwargs.ray_init.include_dashboard=False", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
 
 
