@@ -163,37 +163,28 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
 
     t0 = time.time()
     steps = tqdm(total=7 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
+
+    def step(label: str, fn, *args):
+        steps.set_postfix_str(label)
+        out = fn(*args)
+        steps.update()
+        return out
+
     hf_dir = workdir / "tiny-qwen3-moe"
-    steps.set_postfix_str("generating tiny Qwen3-MoE")
-    make_tiny_model(hf_dir, seed=0)
-    steps.update()
+    step("generating tiny Qwen3-MoE", make_tiny_model, hf_dir)
     ref = workdir / "hf-reference.pt"
-    steps.set_postfix_str("HF reference logits (clean process)")
-    reference(hf_dir, ref)
-    steps.update()
+    step("HF reference logits (clean process)", reference, hf_dir, ref)
     runs = []
     for lay in LAYOUTS:
-        steps.set_postfix_str(" ".join(lay.args))
-        r = torchrun("mcore_dapo.runtime.check",
-                     ["--hf-path", str(hf_dir), "--reference", str(ref), "--backward", *lay.args], lay.nproc)
+        r = step(" ".join(lay.args), torchrun, "mcore_dapo.runtime.check",
+                 ["--hf-path", str(hf_dir), "--reference", str(ref), "--backward", *lay.args], lay.nproc)
         r["passed"] = r["max_abs_diff"] < TOLERANCE and r["grads_finite"]
         runs.append(r)
-        steps.update()
-    steps.set_postfix_str("conversion round trip")
-    conversion = convert_round_trip(hf_dir, workdir)
-    steps.update()
-    steps.set_postfix_str("train one step, sync to the rollout model")
-    sync = rollout_sync(hf_dir, ref)
-    steps.update()
-    steps.set_postfix_str("DAPO update with verl's functions")
-    dapo = dapo_update(hf_dir, workdir)
-    steps.update()
-    steps.set_postfix_str("DAPO update through verl's Megatron engine")
-    engine = verl_engine_update(hf_dir, workdir)
-    steps.update()
-    steps.set_postfix_str("verl's DAPO trainer, 3 steps (Ray, hf_cpu rollout)")
-    trainer = verl_trainer(workdir)
-    steps.update()
+    conversion = step("conversion round trip", convert_round_trip, hf_dir, workdir)
+    sync = step("train one step, sync to the rollout model", rollout_sync, hf_dir, ref)
+    dapo = step("DAPO update with verl's functions", dapo_update, hf_dir, workdir)
+    engine = step("DAPO update through verl's Megatron engine", verl_engine_update, hf_dir, workdir)
+    trainer = step("verl's DAPO trainer, 3 steps (Ray, hf_cpu rollout)", verl_trainer, workdir)
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {

@@ -60,11 +60,13 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence([p.float() for p in pieces], batch_first=True)
 
 
-def reference_step(folder: Path, clip_ratio=(0.2, 0.28), clip_ratio_c: float = 10.0) -> dict:
+def reference_step(folder: Path) -> dict:
+    """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
+    of :func:`mcore_dapo.verl_plugin.dapo_check.actor_config` and of ``tiny_dapo``)."""
     from transformers import AutoModelForCausalLM
 
+    from mcore_dapo.verl_plugin.dapo_check import actor_config
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from verl.workers.config import ActorConfig
 
     parts = [torch.load(f, weights_only=False) for f in sorted(folder.glob("rank*.pt"))]
     engine_norm = next(p["grad_norm"] for p in parts if p["grad_norm"] is not None)
@@ -81,10 +83,7 @@ def reference_step(folder: Path, clip_ratio=(0.2, 0.28), clip_ratio_c: float = 1
         r, n = int(mask[i].sum()), s.shape[0]
         logits = model(input_ids=s[None]).logits[0].float()
         new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
-    cfg = ActorConfig(strategy="megatron", clip_ratio=clip_ratio[0], clip_ratio_low=clip_ratio[0],
-                      clip_ratio_high=clip_ratio[1], clip_ratio_c=clip_ratio_c, loss_agg_mode="token-mean",
-                      ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, rollout_n=1)
-    cfg.global_batch_info.update(dp_size=1, batch_num_tokens=int(mask.sum()))
+    cfg = actor_config(dp_size=1, batch_num_tokens=int(mask.sum()))
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
                                             loss_agg_mode="token-mean", config=cfg)
     loss.backward()

@@ -13,7 +13,6 @@ serves conversion, resharding and these checkpoints.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 SHARD_BYTES = 4 << 30
@@ -58,17 +57,19 @@ class CheckpointBridge:
 
 
 def write_shards(weights, folder: Path, shard_bytes: int) -> dict:
-    """``(hf_name, tensor)`` into ``model-XXXXX-of-YYYYY.safetensors`` files and their index."""
+    """``(hf_name, tensor)`` into ``model-XXXXX-of-YYYYY.safetensors`` files and their index (named and
+    indexed by :func:`mcore_dapo.convert.mcore2hf.finalize_shards`, as ``mcore-convert mcore2hf`` does)."""
+    from mcore_dapo.convert.mcore2hf import finalize_shards
     from mcore_dapo.io.safetensors_writer import write_safetensors
 
-    files, current, size, total = [], {}, 0, 0
+    parts, order, current, size = [], [], {}, 0
 
     def flush():
         nonlocal current, size
         if current:
-            name = f"part-{len(files):05d}.safetensors"
+            name = f"part-{len(parts):05d}.safetensors"
             write_safetensors(folder / name, current, metadata={"format": "pt"})
-            files.append((name, list(current)))
+            parts.append({"file": name, "names": list(current)})
             current, size = {}, 0
 
     for name, t in weights:
@@ -77,14 +78,7 @@ def write_shards(weights, folder: Path, shard_bytes: int) -> dict:
         if size and size + nbytes > shard_bytes:
             flush()
         current[name] = t
+        order.append(name)
         size += nbytes
-        total += nbytes
     flush()
-    weight_map = {}
-    for i, (part, names) in enumerate(files):
-        final = f"model-{i + 1:05d}-of-{len(files):05d}.safetensors"
-        (folder / part).rename(folder / final)
-        weight_map.update({n: final for n in names})
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return index
+    return finalize_shards(folder, parts, order)

@@ -62,6 +62,8 @@ def engine_class():
     get_adapter().prepare()  # MindSpeed before Megatron on Ascend
     from verl.workers.engine.megatron import MegatronEngineWithLMHead
 
+    from mcore_dapo.verl_plugin.platform_cpu import on_cpu
+
     class McoreDapoEngine(MegatronEngineWithLMHead):
         def _init_device_mesh(self):
             _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
@@ -79,12 +81,12 @@ def engine_class():
         # On the CPU the model already lives where verl would "load it to the device": verl's
         # offload helpers (which expect device buffers) have nothing to move.
         def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-            if _on_cpu():
+            if on_cpu():
                 return None
             return super().to(device, model=model, optimizer=optimizer, grad=grad)
 
         def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-            if not _on_cpu():
+            if not on_cpu():
                 return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
             import torch.distributed as dist
 
@@ -100,12 +102,6 @@ def engine_class():
             return super().train_batch(data, loss_function)
 
     return McoreDapoEngine
-
-
-def _on_cpu() -> bool:
-    from verl.utils.device import get_device_name
-
-    return get_device_name() == "cpu"
 
 
 def _layout(engine_config):

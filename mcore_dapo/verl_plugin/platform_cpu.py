@@ -179,7 +179,8 @@ def register() -> None:
     _patch_process_group_init()
 
 
-def _on_cpu() -> bool:
+def on_cpu() -> bool:
+    """Whether verl resolved its platform to this one."""
     from verl.utils.device import get_device_name
 
     return get_device_name() == NAME
@@ -199,7 +200,7 @@ def _patch_process_group_init() -> None:
 
     @functools.wraps(ray_init)
     def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        if backend is None and _on_cpu():
+        if backend is None and on_cpu():
             backend = "gloo"
         return ray_init(timeout_second=timeout_second, backend=backend)
 
@@ -207,12 +208,12 @@ def _patch_process_group_init() -> None:
     def initialize_global_process_group(timeout_second=36000):
         import torch.distributed as dist
 
-        if _on_cpu() and not dist.is_initialized():
+        if on_cpu() and not dist.is_initialized():
             from datetime import timedelta
 
             dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_second),
                                     init_method=os.environ.get("DIST_INIT_METHOD", None))
-        return plain_init(timeout_second) if not _on_cpu() else (
+        return plain_init(timeout_second) if not on_cpu() else (
             int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
 
     initialize_global_process_group_ray._mcore_dapo = True
