@@ -15,7 +15,7 @@
 7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
    builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
-8. verl's DAPO trainer itself for three steps (``mcore_dapo.verl_plugin.tiny_dapo``): Ray, the
+8. verl's DAPO trainer itself for three steps (``mcore_dapo.harness.tiny_dapo``): Ray, the
    agent loop on the plugin's ``hf_cpu`` rollout, the dapo reward manager, dynamic sampling, the
    Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run; every
    update recomputed on the HF model from that step's weights (the audit).
@@ -50,7 +50,7 @@ LAYOUTS = (
 
 
 def reference(hf_dir: Path, out: Path) -> None:
-    subprocess.run([sys.executable, "-m", "mcore_dapo.testing.tiny", "reference", str(hf_dir), str(out)],
+    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_dir), str(out)],
                    check=True, capture_output=True, text=True)
 
 
@@ -73,7 +73,7 @@ def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
 
 
 def rollout_sync(hf_dir: Path, ref: Path) -> dict:
-    r = torchrun("mcore_dapo.resharding.check", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
+    r = torchrun("mcore_dapo.harness.sync_check", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
                                                  "--ep", "2"], 2)
     big = r["export_big"]
     return {
@@ -95,7 +95,7 @@ def _update_and_reference(module: str, hf_dir: Path, work: Path) -> tuple[dict, 
         return None
     work.mkdir(exist_ok=True)
     got = torchrun(module, ["--hf-path", str(hf_dir), "--work", str(work), "--ep", "2"], 2)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path",
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path",
                           str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
     return got, json.loads(ref.stdout.strip().splitlines()[-1])
 
@@ -104,7 +104,7 @@ NO_VERL = {"skipped": "verl is not installed (pip install -e '.[verl]')"}
 
 
 def dapo_update(hf_dir: Path, workdir: Path) -> dict:
-    pair = _update_and_reference("mcore_dapo.verl_plugin.dapo_check", hf_dir, workdir / "dapo")
+    pair = _update_and_reference("mcore_dapo.harness.verl_dapo", hf_dir, workdir / "dapo")
     if pair is None:
         return NO_VERL
     got, want = pair
@@ -119,7 +119,7 @@ def dapo_update(hf_dir: Path, workdir: Path) -> dict:
 
 
 def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
-    pair = _update_and_reference("mcore_dapo.verl_plugin.engine_check", hf_dir, workdir / "verl-engine")
+    pair = _update_and_reference("mcore_dapo.harness.verl_engine", hf_dir, workdir / "verl-engine")
     if pair is None:
         return NO_VERL
     got, want = pair
@@ -138,7 +138,7 @@ def verl_trainer(workdir: Path, steps: int = 3) -> dict:
 
     if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
         return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
-    from mcore_dapo.verl_plugin.tiny_dapo import read_metrics, run
+    from mcore_dapo.harness.tiny_dapo import read_metrics, run
 
     r = run(workdir / "tiny-dapo", steps, timeout=1200, audit=True)
     rows = [m["data"] for m in read_metrics(Path(r["metrics_log"]))]
@@ -159,7 +159,7 @@ def verl_trainer(workdir: Path, steps: int = 3) -> dict:
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     t0 = time.time()
     steps = tqdm(total=7 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
@@ -176,7 +176,7 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     step("HF reference logits (clean process)", reference, hf_dir, ref)
     runs = []
     for lay in LAYOUTS:
-        r = step(" ".join(lay.args), torchrun, "mcore_dapo.runtime.check",
+        r = step(" ".join(lay.args), torchrun, "mcore_dapo.harness.logits",
                  ["--hf-path", str(hf_dir), "--reference", str(ref), "--backward", *lay.args], lay.nproc)
         r["passed"] = r["max_abs_diff"] < TOLERANCE and r["grads_finite"]
         runs.append(r)

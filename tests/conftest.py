@@ -13,14 +13,14 @@ SHARED = REPO.parent / "shared"
 
 
 def _reference(hf_dir: Path, out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "mcore_dapo.testing.tiny", "reference", str(hf_dir), str(out)],
+    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_dir), str(out)],
                    check=True, capture_output=True, text=True)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory) -> Path:
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3-moe", seed=0)
 
@@ -32,7 +32,7 @@ def tiny_moe_ref(tiny_moe, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dense(tmp_path_factory) -> Path:
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3", seed=1, model_type="qwen3")
 

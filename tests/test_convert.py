@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 from mcore_dapo.bridge import Layout
-from mcore_dapo.convert import output
+from mcore_dapo.io import output
 from mcore_dapo.convert.api import hf2mcore, mcore2hf
 from mcore_dapo.convert.verify import verify
 from mcore_dapo.errors import UserError
@@ -57,7 +57,7 @@ def test_round_trip_is_bit_exact(tiny_moe, tmp_path, layout, nproc_back):
 
 
 def test_bf16_round_trip_and_dense_model(tiny_dense, tmp_path):
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     bf = make_tiny_model(tmp_path / "bf16", seed=3, dtype="bfloat16")
     m = hf2mcore(bf, tmp_path / "mc-bf", Layout(tp=2, ep=2), progress=False)
@@ -90,7 +90,7 @@ def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(tiny_moe, tmp_
 
 
 def test_verify_fails_on_a_different_checkpoint(tiny_moe, tmp_path):
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
     other = make_tiny_model(tmp_path / "other", seed=7)

@@ -1,6 +1,6 @@
 """Real Megatron (gloo, 2 and 4 processes) built by the bridge from HF weights gives HF's logits.
 
-Each case launches ``python -m mcore_dapo.runtime.check`` under torchrun on a tiny generated
+Each case launches ``python -m mcore_dapo.harness.logits`` under torchrun on a tiny generated
 Qwen3-MoE (or dense Qwen3), compares float32 logits with the HF transformers model computed in
 a clean process, and runs a training forward+backward through Megatron's schedules.
 """
@@ -23,7 +23,7 @@ MOE_CASES = [
 
 
 def _check(hf, ref, nproc, args):
-    r = torchrun("mcore_dapo.runtime.check", ["--hf-path", str(hf), "--reference", str(ref), "--backward", *args],
+    r = torchrun("mcore_dapo.harness.logits", ["--hf-path", str(hf), "--reference", str(ref), "--backward", *args],
                  nproc, timeout=300)
     assert r["world_size"] == nproc
     assert r["max_abs_diff"] < TOL, r

@@ -35,7 +35,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("plan-models")
     return [
@@ -48,7 +48,7 @@ def tiny_models(tmp_path_factory):
 @pytest.mark.parametrize("world", sorted(LAYOUTS))
 def test_predicted_rank_params_equal_megatron(tiny_models, world):
     args = [a for m in tiny_models for a in ("--hf-path", str(m))]
-    r = torchrun("mcore_dapo.plan.validate", [*args, "--layouts", json.dumps(LAYOUTS[world])], world, timeout=300)
+    r = torchrun("mcore_dapo.harness.plan_params", [*args, "--layouts", json.dumps(LAYOUTS[world])], world, timeout=300)
     assert len(r["layouts"]) == len(LAYOUTS[world])
     for lay in r["layouts"]:
         assert lay["world_size"] == world

@@ -13,14 +13,14 @@ def test_dapo_update_matches_single_process_reference(tmp_path):
     import sys
     import json
 
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     hf = make_tiny_model(tmp_path / "tiny")
     work = tmp_path / "work"
     work.mkdir()
-    got = torchrun("mcore_dapo.verl_plugin.dapo_check", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"], 2,
+    got = torchrun("mcore_dapo.harness.verl_dapo", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"], 2,
                    timeout=300)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path", str(hf),
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path", str(hf),
                           "--work", str(work)], capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     want = json.loads(ref.stdout.strip().splitlines()[-1])

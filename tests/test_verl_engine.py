@@ -15,15 +15,15 @@ from mcore_dapo.runtime.launch import torchrun  # noqa: E402
 
 @pytest.fixture(scope="module")
 def engine_update(tmp_path_factory):
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     tmp = tmp_path_factory.mktemp("verl-engine")
     hf = make_tiny_model(tmp / "tiny")
     work = tmp / "work"
     work.mkdir()
-    got = torchrun("mcore_dapo.verl_plugin.engine_check", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"],
+    got = torchrun("mcore_dapo.harness.verl_engine", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"],
                    2, timeout=600)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.verl_plugin.dapo_check", "reference", "--hf-path", str(hf),
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path", str(hf),
                           "--work", str(work)], capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     return got, json.loads(ref.stdout.strip().splitlines()[-1])

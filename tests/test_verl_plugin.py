@@ -103,7 +103,7 @@ def test_rollout_sampling_rules(tmp_path):
     import torch
     from types import SimpleNamespace
 
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
     from mcore_dapo.verl_plugin.rollout_cpu import response_budget, sample
     from transformers import AutoModelForCausalLM
 

@@ -14,7 +14,7 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    from mcore_dapo.verl_plugin.tiny_dapo import read_metrics, run
+    from mcore_dapo.harness.tiny_dapo import read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo")
     result = run(work, STEPS, timeout=1200, audit=True)

@@ -25,7 +25,7 @@ CONFIG = REPO / "configs" / "models" / "qwen3-30b-a3b" / "config.json"
 
 def realwidth_checkpoint(out: Path, layers: int) -> Path:
     """A seeded random checkpoint of the real config with ``layers`` layers (kept if already there)."""
-    from mcore_dapo.testing.tiny import TINY_MOE, make_tiny_model
+    from mcore_dapo.harness.tiny import TINY_MOE, make_tiny_model
 
     if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
         have = json.loads((out / "config.json").read_text()).get("num_hidden_layers")

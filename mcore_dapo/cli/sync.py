@@ -70,7 +70,7 @@ def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: fl
 
     def target():
         try:
-            box["result"] = torchrun("mcore_dapo.resharding.bench", args, nproc, timeout=timeout)
+            box["result"] = torchrun("mcore_dapo.harness.sync_bench", args, nproc, timeout=timeout)
         except BaseException as e:  # handed to the main thread
             box["error"] = e
 
@@ -89,7 +89,7 @@ def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: fl
 
 
 def sync_bench(a) -> int:
-    from mcore_dapo.resharding.bench import render
+    from mcore_dapo.harness.sync_bench import render
     from mcore_dapo.runtime.launch import LaunchError
 
     layout, nproc = _validated(a)

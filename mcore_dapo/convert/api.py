@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
-from mcore_dapo.convert import output
+from mcore_dapo.io import output
 from mcore_dapo.convert.hf2mcore import copy_hf_side_files
 from mcore_dapo.convert.preflight import check_hf_checkpoint
 from mcore_dapo.errors import UserError
@@ -78,7 +78,7 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
              nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
     """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
     from mcore_dapo.bridge.qwen3 import hf_shapes
-    from mcore_dapo.convert.mcore2hf import finalize_shards
+    from mcore_dapo.io.hf_shards import finalize_shards
 
     mcore_path = Path(mcore_path)
     manifest = None

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.runtime.launch import peak_rss_mb
-from mcore_dapo.convert import output
+from mcore_dapo.io import output
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "generation_config.json", "added_tokens.json")
@@ -46,27 +46,12 @@ def checkpoint_dtype(reader) -> str:
     return names[found.pop()]
 
 
-def sharded_state_dict(chunks) -> dict:
-    if len(chunks) == 1:
-        return chunks[0].sharded_state_dict()
-    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
-
-
-def load_dist_checkpoint(chunks, path) -> None:
-    """Load a torch_dist checkpoint (written under any layout) into this rank's model chunks."""
-    from megatron.core import dist_checkpointing
-
-    state = dist_checkpointing.load(sharded_state_dict(chunks), str(path))
-    for i, c in enumerate(chunks):
-        c.load_state_dict(state if len(chunks) == 1 else state[f"model{i}"], strict=True)
-
-
 def run(a) -> dict:
     import torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
     from tqdm import tqdm
 
+    from mcore_dapo.io.dist_ckpt import save_dist_checkpoint
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.runtime.model import build_model, local_params
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
@@ -101,7 +86,7 @@ def run(a) -> dict:
     reader.close()
     bar.close()
     t_read = time.time() - t0
-    dist_checkpointing.save(sharded_state_dict(chunks), str(partial))
+    save_dist_checkpoint(chunks, partial)
     gathered = [None] * info.world_size
     dist.all_gather_object(gathered, {"sums": sums, "read_bytes": read_bytes, "peak_rss_mb": peak_rss_mb()})
     result = {"seconds_read": round(t_read, 3), "seconds": round(time.time() - t0, 3), "dtype": dtype}

@@ -10,7 +10,6 @@ shards ``model-0000i-of-0000n.safetensors`` and writes the index.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -18,9 +17,7 @@ from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.runtime.launch import peak_rss_mb
-from mcore_dapo.convert import output
-
-SHARD_BYTES = 4 << 30
+from mcore_dapo.io import output
 
 
 def export_layout(num_experts: int, nproc: int) -> Layout:
@@ -61,9 +58,8 @@ def run(a) -> dict:
     import torch.distributed as dist
     from tqdm import tqdm
 
-    from mcore_dapo.io.safetensors_writer import write_safetensors
-
-    from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
+    from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
+    from mcore_dapo.io.hf_shards import ShardWriter
     from mcore_dapo.runtime.model import build_model
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
@@ -77,17 +73,7 @@ def run(a) -> dict:
     chunks, _ = build_model(bridge, adapter, dtype=a.dtype)
     load_dist_checkpoint(chunks, a.mcore_path)
     t_load = time.time() - t0
-    partial = Path(a.partial)
-    files, current, size, sums, written = [], {}, 0, {}, 0
-
-    def flush():
-        nonlocal current, size
-        if current:
-            fname = f"rank{info.rank:05d}-{len(files):05d}.safetensors"
-            write_safetensors(partial / fname, current, metadata={"format": "pt"})
-            files.append({"file": fname, "names": list(current)})
-            current, size = {}, 0
-
+    writer, sums = ShardWriter(Path(a.partial), a.shard_bytes, prefix=f"rank{info.rank:05d}"), {}
     owned = _owned(chunks, bridge, info)
     bar = tqdm(owned, desc="mcore2hf", unit="tensor", disable=not (a.progress and info.rank == 0), file=sys.stderr)
     with torch.no_grad():
@@ -96,16 +82,12 @@ def run(a) -> dict:
             for name, t in zip(lp.resolved.hf, tensors):
                 t = t.contiguous()  # views of the parameters where possible: no copy held per shard
                 sums[name] = output.checksum(t)
-                nbytes = t.numel() * t.element_size()
-                if size and size + nbytes > a.shard_bytes:
-                    flush()
-                current[name] = t
-                size += nbytes
-                written += nbytes
-    flush()
+                writer.add(name, t)
+    writer.flush()
     bar.close()
     gathered = [None] * info.world_size
-    dist.all_gather_object(gathered, {"files": files, "sums": sums, "bytes": written, "peak_rss_mb": peak_rss_mb()})
+    dist.all_gather_object(gathered, {"files": writer.parts, "sums": sums, "bytes": writer.bytes_written,
+                                      "peak_rss_mb": peak_rss_mb()})
     result = {"seconds_load": round(t_load, 3), "seconds": round(time.time() - t0, 3)}
     if info.rank == 0:
         result.update(parts=[f for g in gathered for f in g["files"]],
@@ -114,25 +96,6 @@ def run(a) -> dict:
                       peak_rss_mb=[g["peak_rss_mb"] for g in gathered])
     dist.barrier()
     return result
-
-
-def finalize_shards(partial: Path, parts: list[dict], order: list[str]) -> dict:
-    """Rename the ranks' part files to HF shard names (in HF tensor order) and write the index."""
-    from mcore_dapo.io.hf_reader import read_header
-
-    pos = {n: i for i, n in enumerate(order)}
-    parts = sorted(parts, key=lambda p: min(pos[n] for n in p["names"]))
-    weight_map, total = {}, 0
-    for i, p in enumerate(parts):
-        name = f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
-        (partial / p["file"]).rename(partial / name)
-        for k, info in read_header(partial / name).items():
-            weight_map[k] = name
-            total += info.end - info.start
-    index = {"metadata": {"total_size": total},
-             "weight_map": {k: weight_map[k] for k in sorted(weight_map, key=lambda n: pos[n])}}
-    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    return index
 
 
 def main(argv=None) -> int:

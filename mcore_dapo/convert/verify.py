@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
-from mcore_dapo.convert import output
+from mcore_dapo.io import output
 from mcore_dapo.errors import UserError
 from mcore_dapo.runtime.launch import LaunchError, torchrun
 
@@ -65,7 +65,7 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
     dtype = manifest["dtype"]
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-verify-") as tmp:
         ref = Path(tmp) / "ref.pt"
-        subprocess.run([sys.executable, "-m", "mcore_dapo.testing.tiny", "reference", str(hf_path), str(ref),
+        subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_path), str(ref),
                         "--batch", str(batch), "--seq", str(seq), "--dtype", TORCH_DTYPE[dtype]],
                        check=True, capture_output=True, text=True)
         args = ["--hf-path", str(hf_path), "--reference", str(ref), "--mcore-path", str(mcore_path),
@@ -73,7 +73,7 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
         if layout.etp is not None:
             args += ["--etp", str(layout.etp)]
         try:
-            r = torchrun("mcore_dapo.runtime.check", args, n, timeout=None)
+            r = torchrun("mcore_dapo.harness.logits", args, n, timeout=None)
         except LaunchError as e:
             raise UserError(f"loading {str(mcore_path)!r} under {layout.describe()} failed: "
                             f"{str(e).splitlines()[-1]}") from None

@@ -5,7 +5,7 @@
 ``timing`` (estimates) -> ``planner`` (ranking, verl overrides) -> ``report`` (table).
 """
 
-from mcore_dapo.plan.devices import DEVICES, DeviceSpec, get_device
+from mcore_dapo.plan.hardware import DEVICES, DeviceSpec, get_device
 from mcore_dapo.plan.layouts import PlanLayout, enumerate_layouts
 from mcore_dapo.plan.params import RankParams, model_params, rank_params
 from mcore_dapo.plan.planner import Candidate, evaluate, plan, verl_overrides

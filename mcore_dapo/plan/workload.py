@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from mcore_dapo.errors import UserError
-from mcore_dapo.plan.devices import DeviceSpec
+from mcore_dapo.plan.hardware import DeviceSpec
 
 RECOMPUTE = ("full", "selective", "none")
 OFFLOAD = ("none", "optimizer", "param+optimizer")

@@ -29,7 +29,7 @@ import torch
 from mcore_dapo.bridge import Bridge
 from mcore_dapo.errors import UserError
 from mcore_dapo.resharding.comm import Comm, CollectiveCounter, Groups
-from mcore_dapo.resharding.plan import BucketPlan, ExportPlan, Member, Unit, build_plan
+from mcore_dapo.resharding.export_plan import BucketPlan, ExportPlan, Member, Unit, build_plan
 from mcore_dapo.resharding.verify import checksum
 
 DEFAULT_BUCKET_BYTES = 1 << 30  # 1 GiB

@@ -4,7 +4,7 @@ verl imports this module (entry point group ``verl.plugins``) at ``import verl``
 It does light work only, and never imports Megatron (MindSpeed must come first on Ascend):
 
 * checks verl's version against :data:`SUPPORTED_VERL` (a warning here; the
-  checks of :mod:`mcore_dapo.verl_plugin.checks` refuse with a one-line error);
+  checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error);
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;

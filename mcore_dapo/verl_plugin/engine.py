@@ -105,7 +105,7 @@ def engine_class():
 
 
 def _layout(engine_config):
-    from mcore_dapo.verl_plugin.checks import layout_of
+    from mcore_dapo.verl_plugin.config_checks import layout_of
 
     return layout_of(engine_config)
 
@@ -134,11 +134,11 @@ def _build_tf_config(engine) -> None:
     from mcore_dapo.bridge.megatron_config import build_transformer_config, split_overrides
     from mcore_dapo.devices import get_adapter
     from mcore_dapo.errors import UserError
-    from mcore_dapo.verl_plugin.checks import check_architecture
+    from mcore_dapo.verl_plugin.config_checks import check_architecture
 
     cfg = check_architecture(engine.model_config.local_path)
     if get_adapter().name == "cpu" and engine.engine_config.use_remove_padding:
-        from mcore_dapo.verl_plugin.checks import THD_ON_CPU
+        from mcore_dapo.verl_plugin.config_checks import THD_ON_CPU
 
         raise UserError(THD_ON_CPU)
     engine.is_value_model = False
@@ -147,17 +147,17 @@ def _build_tf_config(engine) -> None:
         str(engine.engine_config.dtype), torch.float32)
     engine.dtype = engine.param_dtype
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
-    engine.mcore_bridge = Bridge(cfg, _layout(engine.engine_config))
+    engine.mapping = Bridge(cfg, _layout(engine.engine_config))
     fields, flags = split_overrides(engine.engine_config.override_transformer_config)
     if flags and get_adapter().name != "npu":
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
     engine.mcore_overrides = fields = _attention_backend(fields, get_adapter().name)
-    tf = build_transformer_config(cfg, engine.mcore_bridge.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
-    from mcore_dapo.verl_plugin.ckpt_bridge import CheckpointBridge
+    tf = build_transformer_config(cfg, engine.mapping.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
+    from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
 
     # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
-    engine.bridge = CheckpointBridge(engine.mcore_bridge, engine.param_dtype)
+    engine.bridge = HFWeightsIO(engine.mapping, engine.param_dtype)
     engine.tf_config, engine.provider, engine.vanilla_bridge = tf, None, True
     engine.peft_cls = None
 
@@ -189,10 +189,10 @@ def _build_megatron_module(engine):
 
     adapter = get_adapter()
     adapter.apply_patches()
-    chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
+    chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
                              aux_loss_coeff=0.0, overrides=engine.mcore_overrides)
     if engine.engine_config.use_dist_checkpointing:
-        from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
+        from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
 
         load_dist_checkpoint(chunks, engine.engine_config.dist_checkpointing_path)
     else:
@@ -219,6 +219,6 @@ def export_weights(engine):
 
     exporter = getattr(engine, "_mcore_exporter", None)
     if exporter is None:
-        exporter = WeightExporter(engine.module, engine.mcore_bridge, parallel_info(), dtype=engine.param_dtype)
+        exporter = WeightExporter(engine.module, engine.mapping, parallel_info(), dtype=engine.param_dtype)
         engine._mcore_exporter = exporter
     return exporter.iter_weights()

@@ -2,7 +2,7 @@
 
 The overrides are rewritten (``actor_rollout_ref.actor.strategy=megatron`` implies
 ``model_engine=megatron``), composed with verl's own Hydra config and checked by
-:func:`mcore_dapo.verl_plugin.checks.validate`; then verl's ``main_ppo.main`` runs
+:func:`mcore_dapo.verl_plugin.config_checks.validate`; then verl's ``main_ppo.main`` runs
 with the rewritten overrides. ``DRY_RUN=1`` stops after the checks and prints the
 resolved Megatron parallel sizes as one JSON line (no Ray, no device).
 ``MCORE_DAPO_MODEL_CONFIG``: a folder with the model's config.json, used by the
@@ -44,7 +44,7 @@ def dry_run(overrides: list[str]) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from mcore_dapo.verl_plugin.checks import validate
+    from mcore_dapo.verl_plugin.config_checks import validate
     from mcore_dapo.verl_plugin.overrides import rewrite
 
     try:

@@ -1,6 +1,6 @@
 """A DAPO policy update through verl's own Megatron engine path, with this plugin's engine.
 
-``torchrun --nproc-per-node 2 -m mcore_dapo.verl_plugin.engine_check --hf-path DIR --work W --ep 2``
+``torchrun --nproc-per-node 2 -m mcore_dapo.harness.verl_engine --hf-path DIR --work W --ep 2``
 
 Every rank composes verl's ``ppo_trainer`` config with Hydra from the user's overrides
 (``actor_rollout_ref.actor.strategy=megatron`` and the Megatron sizes), builds verl's
@@ -9,10 +9,10 @@ Every rank composes verl's ``ppo_trainer`` config with Hydra from the user's ove
 ``compute_log_prob`` (the old policy, ``infer_batch``) and ``update_actor``
 (``train_mini_batch`` -> ``MegatronEngine.forward_backward_batch`` with verl's
 ``ppo_loss``, then Megatron's optimizer). The batch is the one of
-:mod:`mcore_dapo.verl_plugin.dapo_check` (verl's ``dapo`` reward manager, GRPO advantages),
+:mod:`mcore_dapo.harness.verl_dapo` (verl's ``dapo`` reward manager, GRPO advantages),
 padded left/right as verl's rollout leaves it and converted with verl's
 ``left_right_2_no_padding``. After the update the weights go to an HF model through the
-engine's ``get_per_tensor_param``; ``dapo_check reference`` repeats the update in one process.
+engine's ``get_per_tensor_param``; ``verl_dapo reference`` repeats the update in one process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.verl_plugin.dapo_check import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
+from mcore_dapo.harness.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
 
 MICRO = 2
 
@@ -154,7 +154,7 @@ def run(a) -> dict:
         result = {"loss": float(scalar["loss"]), "grad_norm": float(scalar["grad_norm"]),
                   "metrics": {k: float(v) for k, v in scalar.items() if isinstance(v, (int, float))},
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
-                  "layout": engine.mcore_bridge.layout.describe(), "tensors_synced": len(received),
+                  "layout": engine.mapping.layout.describe(), "tensors_synced": len(received),
                   "rewards": batch["rewards"].tolist(), "rows": [rows.start, rows.stop],
                   "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype), **saved}
     return result
@@ -194,7 +194,7 @@ def received_vs_engine(engine, receiver) -> float:
     from mcore_dapo.runtime.model import local_params
     from mcore_dapo.runtime.parallel import parallel_info
 
-    info, bridge = parallel_info(), engine.mcore_bridge
+    info, bridge = parallel_info(), engine.mapping
     worst = torch.zeros(())
     for lp in local_params([unwrap(c) for c in engine.module], bridge, info):
         rank, size = info.group_rank(lp.resolved.mapping.group)
@@ -222,7 +222,7 @@ def _broadcast_from_collectors(engine, value, shape):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.verl_plugin.engine_check")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.verl_engine")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--ep", type=int, default=2)

@@ -2,10 +2,10 @@
 
 Run under torchrun, one process per device::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.runtime.check --hf-path DIR --reference REF.pt --ep 2
+    torchrun --nproc-per-node 2 -m mcore_dapo.harness.logits --hf-path DIR --reference REF.pt --ep 2
 
 ``REF.pt`` holds ``tokens`` and the HF model's ``logits`` computed in a clean
-process (``python -m mcore_dapo.testing.tiny reference DIR REF.pt``). Every
+process (``python -m mcore_dapo.harness.tiny reference DIR REF.pt``). Every
 rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
 """
 
@@ -19,7 +19,7 @@ from mcore_dapo.bridge import Bridge, Layout
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.runtime.check")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.logits")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--reference", required=True)
     ap.add_argument("--tp", type=int, default=1)
@@ -54,7 +54,7 @@ def run(a) -> dict:
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
                              make_vocab_size_divisible_by=a.vocab_divisible_by)
     if a.mcore_path:
-        from mcore_dapo.convert.hf2mcore import load_dist_checkpoint
+        from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
 
         load_dist_checkpoint(chunks, a.mcore_path)
         loaded = sum(1 for c in chunks for _ in c.parameters())

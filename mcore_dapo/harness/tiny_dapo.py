@@ -2,7 +2,7 @@
 the ``hf_cpu`` rollout, the ``dapo`` reward manager with the overlong penalty, dynamic sampling
 (``algorithm.filter_groups``), a few steps, verl's metrics log.
 
-``python -m mcore_dapo.verl_plugin.tiny_dapo --workdir W --steps 3``
+``python -m mcore_dapo.harness.tiny_dapo --workdir W --steps 3``
 
 prepares ``W`` (model + word-level tokenizer with a chat template, train/val parquet files, the
 reward function) and runs ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``: the same
@@ -64,7 +64,7 @@ def prepare(workdir: Path) -> dict:
     import pandas as pd
     import torch
 
-    from mcore_dapo.testing.tiny import make_tiny_model
+    from mcore_dapo.harness.tiny import make_tiny_model
 
     import shutil
 
@@ -168,7 +168,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     if records:
         result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png"))
     if audit and proc.returncode == 0:
-        from mcore_dapo.verl_plugin.audit import reference
+        from mcore_dapo.harness.audit_reference import reference
 
         result["audit"] = reference(audit_dir)
     return result
@@ -184,7 +184,7 @@ def plot(train_log: Path, out: Path) -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.verl_plugin.tiny_dapo")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.tiny_dapo")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)

@@ -81,7 +81,7 @@ def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
 
 
 def main(argv=None) -> int:
-    """``python -m mcore_dapo.testing.tiny reference HF_DIR OUT.pt``: HF logits in a clean process."""
+    """``python -m mcore_dapo.harness.tiny reference HF_DIR OUT.pt``: HF logits in a clean process."""
     import argparse
 
     import torch

@@ -20,10 +20,9 @@ from mcore_dapo.runtime.launch import peak_rss_mb
 def main(argv=None) -> int:
     import torch
     import torch.distributed as dist
-    from megatron.core import dist_checkpointing
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.convert.hf2mcore import sharded_state_dict
+    from mcore_dapo.io.dist_ckpt import save_dist_checkpoint
     from mcore_dapo.runtime.model import build_model, local_params
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info, shutdown
 
@@ -60,7 +59,7 @@ def main(argv=None) -> int:
             rank, size = info.group_rank(m.group)
             lp.param.data.copy_(m.to_megatron([state[h] for h in lp.resolved.hf], rank, size, bridge.dims))
     del hf, state, experts
-    dist_checkpointing.save(sharded_state_dict(chunks), a.partial)
+    save_dist_checkpoint(chunks, a.partial)
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps({"seconds": round(time.time() - t0, 3), "peak_rss_mb": peak_rss_mb()}))
     shutdown()

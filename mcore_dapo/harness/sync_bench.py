@@ -1,6 +1,6 @@
 """Weight-sync benchmark. Run under torchrun (``mcore-dapo sync-bench`` launches it)::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.resharding.bench --hf-path DIR --ep 2 --bucket-mb 1024
+    torchrun --nproc-per-node 2 -m mcore_dapo.harness.sync_bench --hf-path DIR --ep 2 --bucket-mb 1024
 
 Builds the sharded Megatron model from the checkpoint, exports it ``--repeat``
 times (timed, nothing consumed), once more checking every tensor bit for bit
@@ -24,7 +24,7 @@ TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.resharding.bench")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.sync_bench")
     ap.add_argument("--hf-path", required=True)
     for g in ("tp", "pp", "ep"):
         ap.add_argument(f"--{g}", type=int, default=1)

@@ -2,7 +2,7 @@
 
 verl's checkpoint manager saves and loads the ``model`` slot in the HF format through
 "a bridge" (mbridge's ``save_weights(models, path)`` / ``load_weights(models, path)`` when
-no Megatron-Bridge provider is given). :class:`CheckpointBridge` is that object for
+no Megatron-Bridge provider is given). :class:`HFWeightsIO` is that object for
 :class:`~mcore_dapo.verl_plugin.engine.McoreDapoEngine`: loading goes through
 :func:`mcore_dapo.runtime.model.load_hf_weights` (each rank reads only its shard), saving
 through :class:`mcore_dapo.resharding.WeightExporter` (the gathered full tensors, in the
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-SHARD_BYTES = 4 << 30
+from mcore_dapo.io.hf_shards import SHARD_BYTES
 
 
-class CheckpointBridge:
+class HFWeightsIO:
     def __init__(self, bridge, dtype):
         self.bridge = bridge
         self.dtype = dtype
@@ -36,7 +36,8 @@ class CheckpointBridge:
         """Collective: every rank takes part in the gathers; rank 0 writes. Returns the index on rank 0."""
         import torch.distributed as dist
 
-        from mcore_dapo.convert import output
+        from mcore_dapo.io import output
+        from mcore_dapo.io.hf_shards import write_hf_shards
         from mcore_dapo.resharding import WeightExporter
         from mcore_dapo.runtime.parallel import parallel_info
 
@@ -47,38 +48,10 @@ class CheckpointBridge:
             out = Path(weights_path).absolute()
             out.parent.mkdir(parents=True, exist_ok=True)
             with output.staged(out, overwrite=True) as partial:
-                index = write_shards(weights, partial, shard_bytes)
+                index = write_hf_shards(weights, partial, shard_bytes)
         else:
             for _ in weights:
                 pass
         if dist.is_initialized():
             dist.barrier()
         return index
-
-
-def write_shards(weights, folder: Path, shard_bytes: int) -> dict:
-    """``(hf_name, tensor)`` into ``model-XXXXX-of-YYYYY.safetensors`` files and their index (named and
-    indexed by :func:`mcore_dapo.convert.mcore2hf.finalize_shards`, as ``mcore-convert mcore2hf`` does)."""
-    from mcore_dapo.convert.mcore2hf import finalize_shards
-    from mcore_dapo.io.safetensors_writer import write_safetensors
-
-    parts, order, current, size = [], [], {}, 0
-
-    def flush():
-        nonlocal current, size
-        if current:
-            name = f"part-{len(parts):05d}.safetensors"
-            write_safetensors(folder / name, current, metadata={"format": "pt"})
-            parts.append({"file": name, "names": list(current)})
-            current, size = {}, 0
-
-    for name, t in weights:
-        t = t.detach().clone()  # the exporter reuses its buffers
-        nbytes = t.numel() * t.element_size()
-        if size and size + nbytes > shard_bytes:
-            flush()
-        current[name] = t
-        order.append(name)
-        size += nbytes
-    flush()
-    return finalize_shards(folder, parts, order)

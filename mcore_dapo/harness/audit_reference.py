@@ -1,0 +1,69 @@
+"""Recompute the steps written by the engine's audit (:mod:`mcore_dapo.verl_plugin.audit`) on an HF model.
+
+``python -m mcore_dapo.harness.audit_reference D`` prints, for every ``D/step-N/``, the engine's
+gradient norm and that of the same update computed in one process on the HF transformers model
+loaded from the weights the engine wrote before that step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from mcore_dapo.verl_plugin.audit import FIELDS
+
+
+def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence([p.float() for p in pieces], batch_first=True)
+
+
+def reference_step(folder: Path) -> dict:
+    """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
+    of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``)."""
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.harness.verl_dapo import actor_config
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+    parts = [torch.load(f, weights_only=False) for f in sorted(folder.glob("rank*.pt"))]
+    engine_norm = next(p["grad_norm"] for p in parts if p["grad_norm"] is not None)
+    seqs, cols = [], {k: [] for k in FIELDS[1:]}
+    for p in parts:  # the data-parallel ranks' shares, in rank order
+        seqs += p["batch"]["input_ids"]
+        for k in cols:
+            cols[k] += p["batch"][k]
+    mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
+    model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=torch.float32,
+                                                 attn_implementation="eager").train()
+    new = torch.zeros_like(old)
+    for i, s in enumerate(seqs):
+        r, n = int(mask[i].sum()), s.shape[0]
+        logits = model(input_ids=s[None]).logits[0].float()
+        new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
+    cfg = actor_config(dp_size=1, batch_num_tokens=int(mask.sum()))
+    loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
+                                            loss_agg_mode="token-mean", config=cfg)
+    loss.backward()
+    norm = float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
+    return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm,
+            "reference_loss": float(loss), "sequences": len(seqs), "tokens": int(mask.sum())}
+
+
+def reference(root: str | Path) -> list[dict]:
+    return [reference_step(f) for f in sorted(Path(root).glob("step-*")) if any(f.glob("rank*.pt"))]
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.audit_reference")
+    ap.add_argument("audit_dir")
+    a = ap.parse_args(argv)
+    print(json.dumps(reference(a.audit_dir)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

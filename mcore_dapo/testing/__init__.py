@@ -1,1 +1,0 @@
-"""Tiny Qwen3-MoE-shaped models and HF reference outputs for tests, demo and benchmarks."""
