@@ -1,4 +1,10 @@
-"""Shared fixtures: tiny generated models and their HF reference logits (computed in a clean process)."""
+"""Shared fixtures: tiny generated models and their HF reference logits (computed in a clean process).
+
+Tests say where they run: those marked ``cpu_only`` need this project's CPU path (several ranks of
+real Megatron on one host under gloo, the CPU patches of Megatron, verl's ``cpu`` platform); on a
+CUDA or Ascend node they are skipped with the detected device named, and the rest of the suite runs
+there unchanged (the accelerator's own checks are ``mcore-dapo`` commands with ``--device``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +16,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cpu_only: needs the CPU device path (gloo ranks on one host, the CPU "
+                            "patches of Megatron, verl's cpu platform)")
+
+
+def pytest_collection_modifyitems(config, items):
+    from mcore_dapo.devices import detect
+
+    device = detect()
+    if device == "cpu":
+        return
+    skip = pytest.mark.skip(reason=f"cpu_only: this host's device is {device}")
+    for item in items:
+        if "cpu_only" in item.keywords:
+            item.add_marker(skip)
 
 
 def _reference(hf_dir: Path, out: Path) -> Path:

@@ -11,6 +11,7 @@ def cli(*args):
     return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", *args], capture_output=True, text=True)
 
 
+@pytest.mark.cpu_only
 def test_env_json_lists_versions_and_patches():
     out = cli("env", "--json")
     assert out.returncode == 0, out.stderr

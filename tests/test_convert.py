@@ -18,6 +18,8 @@ from mcore_dapo.convert.api import hf2mcore, mcore2hf
 from mcore_dapo.convert.verify import verify
 from mcore_dapo.errors import UserError
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 
 def _tensors(folder):
     index = folder / "model.safetensors.index.json"

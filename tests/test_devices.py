@@ -10,6 +10,7 @@ from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
 
 
+@pytest.mark.cpu_only
 def test_cpu_is_detected_here_and_overridable(monkeypatch):
     from mcore_dapo.devices import detect
 

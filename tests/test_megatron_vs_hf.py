@@ -9,6 +9,8 @@ import pytest
 
 from mcore_dapo.runtime.launch import torchrun
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 TOL = 1e-4
 
 MOE_CASES = [

@@ -11,6 +11,8 @@ import pytest
 
 from mcore_dapo.runtime.launch import torchrun
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 LAYOUTS = {
     "tp1-ep2": (2, ["--ep", "2"]),
     "tp2-ep2-padded-vocab": (4, ["--tp", "2", "--ep", "2", "--vocab-divisible-by", "96"]),

@@ -7,6 +7,8 @@ pytest.importorskip("verl")
 
 from mcore_dapo.runtime.launch import torchrun  # noqa: E402
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 
 def test_dapo_update_matches_single_process_reference(tmp_path):
     import subprocess

@@ -12,6 +12,8 @@ pytest.importorskip("verl")
 
 from mcore_dapo.runtime.launch import torchrun  # noqa: E402
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 
 @pytest.fixture(scope="module")
 def engine_update(tmp_path_factory):

@@ -75,6 +75,7 @@ def test_engine_registered_for_cpu_after_verl_engine_import():
     assert "McoreDapoEngine" in p.stdout and "('cuda', 'nvidia')" in p.stdout
 
 
+@pytest.mark.cpu_only
 def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
     code = ("import sys, verl; assert 'megatron' not in sys.modules; "
             "from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device, get_resource_name; "

@@ -6,6 +6,8 @@ import math
 
 import pytest
 
+pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
 
