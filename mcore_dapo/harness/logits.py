@@ -37,6 +37,17 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def _reduced(values: list[float], device, op=None) -> list[float]:
+    """``values`` all-reduced over every rank (MAX unless ``op``), through a tensor on the compute device
+    (nccl and hccl reduce device tensors only)."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=op or dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def run(a) -> dict:
     import torch
     import torch.distributed as dist
@@ -67,25 +78,25 @@ def run(a) -> dict:
         c.eval()
     with torch.no_grad():
         logits = run_schedule(chunks, tokens, micro_batch_size=1)
+    device = next(chunks[0].parameters()).device
     # max |diff| on the last stage, shared with every rank (others contribute -1)
-    stat = torch.tensor([-1.0, -1.0, -1.0])
+    stat = [-1.0, -1.0, -1.0]
     if logits is not None:
-        logits = logits[..., : bridge.cfg.vocab_size].float()
+        logits = logits[..., : bridge.cfg.vocab_size].float().cpu()
         diff = (logits - ref_logits).abs()
         top1 = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()
-        stat = torch.tensor([diff.max().item(), diff.mean().item(), top1.item()])
-    dist.all_reduce(stat, op=dist.ReduceOp.MAX)
-    n_params = torch.tensor([sum(p.numel() for c in chunks for p in c.parameters())], dtype=torch.long)
+        stat = [diff.max().item(), diff.mean().item(), top1.item()]
+    stat = _reduced(stat, device)
     result = {
         "layout": layout.describe(),
         "world_size": info.world_size,
         "dispatcher": a.dispatcher,
         "device": adapter.name,
         "tensors_loaded_rank0": loaded,
-        "params_rank0": int(n_params.item()),
-        "max_abs_diff": stat[0].item(),
-        "mean_abs_diff": stat[1].item(),
-        "top1_agreement": stat[2].item(),
+        "params_rank0": sum(p.numel() for c in chunks for p in c.parameters()),
+        "max_abs_diff": stat[0],
+        "mean_abs_diff": stat[1],
+        "top1_agreement": stat[2],
     }
     if a.backward:
         for c in chunks:
@@ -94,14 +105,13 @@ def run(a) -> dict:
         losses = run_schedule(chunks, tokens, labels=labels, forward_only=False, micro_batch_size=1)
         grads = [p.main_grad if getattr(p, "main_grad", None) is not None else p.grad
                  for c in chunks for p in c.parameters()]
-        got = torch.tensor([float(sum(1 for g in grads if g is not None and g.abs().sum() > 0)), float(len(grads))])
-        finite = torch.tensor([float(all(torch.isfinite(g).all() for g in grads if g is not None))])
-        dist.all_reduce(got)
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        loss = torch.tensor([sum(x.item() for x in losses) / len(losses) if losses else -1.0])
-        dist.all_reduce(loss, op=dist.ReduceOp.MAX)
-        result.update(train_loss=loss.item(), params_with_grad=int(got[0]), params_total=int(got[1]),
-                      grads_finite=bool(finite.item()))
+        got = _reduced([float(sum(1 for g in grads if g is not None and g.abs().sum() > 0)), float(len(grads))],
+                       device, dist.ReduceOp.SUM)
+        finite = _reduced([float(all(torch.isfinite(g).all() for g in grads if g is not None))], device,
+                          dist.ReduceOp.MIN)
+        loss = _reduced([sum(x.item() for x in losses) / len(losses) if losses else -1.0], device)
+        result.update(train_loss=loss[0], params_with_grad=int(got[0]), params_total=int(got[1]),
+                      grads_finite=bool(finite[0]))
     result["seconds"] = round(time.time() - t0, 2)
     return result
 

@@ -61,6 +61,18 @@ def make_tiny_model(out: str | Path, *, seed: int = 0, dtype: str = "float32", *
     return out
 
 
+def make_truncated_model(out: str | Path, like: str | Path, layers: int, *, seed: int = 0,
+                         dtype: str = "bfloat16") -> Path:
+    """A model of the real width of ``like`` (a model folder or config.json) with only ``layers`` layers and
+    seeded random weights: the shapes of the real tensors, a few GB instead of the whole model, no download."""
+    from mcore_dapo.bridge.hf_config import config_path
+
+    raw = json.loads(config_path(like).read_text())
+    keep = {k: v for k, v in raw.items() if k not in ("architectures", "transformers_version", "torch_dtype", "dtype")}
+    keep.update(num_hidden_layers=layers, initializer_range=0.02)
+    return make_tiny_model(out, seed=seed, dtype=dtype, **keep)
+
+
 def tiny_prompts(vocab_size: int, batch: int = 2, seq: int = 16, seed: int = 1234):
     import torch
 
@@ -81,7 +93,8 @@ def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
 
 
 def main(argv=None) -> int:
-    """``python -m mcore_dapo.harness.tiny reference HF_DIR OUT.pt``: HF logits in a clean process."""
+    """``python -m mcore_dapo.harness.tiny reference HF_DIR OUT.pt``: HF logits in a clean process;
+    ``... model DIR [--like CONFIG --layers N]``: a tiny model, or a truncated real-width one."""
     import argparse
 
     import torch
@@ -94,9 +107,14 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--like", default=None, help="with 'model': the real width of this config, --layers layers")
+    ap.add_argument("--layers", type=int, default=2)
     a = ap.parse_args(argv)
     if a.what == "model":
-        make_tiny_model(a.path, seed=a.seed)
+        if a.like:
+            make_truncated_model(a.path, a.like, a.layers, seed=a.seed)
+        else:
+            make_tiny_model(a.path, seed=a.seed)
         return 0
     vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
     tokens = tiny_prompts(vocab, a.batch, a.seq)

@@ -30,7 +30,10 @@ def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = 
     b, s = tokens.shape
     if b % micro_batch_size:
         raise ValueError(f"batch {b} not divisible by micro batch {micro_batch_size}")
-    position_ids = torch.arange(s).unsqueeze(0)
+    device = next(chunks[0].parameters()).device  # the inputs go where the model is
+    tokens = tokens.to(device)
+    labels = None if labels is None else labels.to(device)
+    position_ids = torch.arange(s, device=device).unsqueeze(0)
     batches = []
     for i in range(0, b, micro_batch_size):
         mb = {"tokens": tokens[i:i + micro_batch_size], "position_ids": position_ids.expand(micro_batch_size, s)}
