@@ -1,4 +1,4 @@
-"""``mcore-dapo``: env, demo, plan, metrics, compare, sync-bench."""
+"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def _demo(a) -> int:
     return demo.main(a.workdir, a.json)
 
 
+def _selfcheck(a) -> int:
+    from pathlib import Path
+
+    from mcore_dapo.selfcheck import REAL_CONFIG, SelfCheck, markdown
+
+    check = SelfCheck(a.device, a.nproc, Path(a.workdir), a.budget_s, a.layers, Path(a.config or REAL_CONFIG),
+                      progress=lambda line: print(line, file=sys.stderr, flush=True))
+    report = check.run()
+    print(json.dumps(report) if a.json else markdown(report))
+    return 0 if report["ok"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcore-dapo", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -34,6 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--workdir", default=None, help="keep the generated model and results here")
     p.set_defaults(fn=_demo)
+    p = sub.add_parser("selfcheck", help="prove this node: Megatron vs HF, conversion, export, a DAPO update")
+    p.add_argument("--device", choices=["cuda", "npu", "cpu"], required=True)
+    p.add_argument("--nproc", type=int, default=1, help="devices (processes) to use")
+    p.add_argument("--workdir", required=True, help="model, checkpoints and the report (selfcheck.json/.md)")
+    p.add_argument("--budget-s", type=float, default=600.0, help="steps that no longer fit are skipped")
+    p.add_argument("--layers", type=int, default=2, help="layers of the real-width model on an accelerator")
+    p.add_argument("--config", default=None, help="the real model's config.json (default: the shipped Qwen3-30B-A3B)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=_selfcheck)
     from mcore_dapo.cli.analysis import add_commands as analysis_commands
 
     analysis_commands(sub)

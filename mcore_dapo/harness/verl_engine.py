@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -28,13 +29,15 @@ from mcore_dapo.harness.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE,
 MICRO = 2
 
 
-def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1) -> list[str]:
-    """What a user writes (the guide's DAPO settings, tiny sizes), strategy=megatron included."""
+def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1, *, world: int = 2, device: str = "cpu",
+              remove_padding: bool = False) -> list[str]:
+    """What a user writes (the guide's DAPO settings, tiny sizes), strategy=megatron included;
+    ``remove_padding``: packed sequences (THD), where the device's attention supports them."""
     a = "actor_rollout_ref.actor"
     return [
         f"{a}.strategy=megatron",
         f"actor_rollout_ref.model.path={hf_path}",
-        "actor_rollout_ref.model.use_remove_padding=False",
+        f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
         f"{a}.megatron.tensor_model_parallel_size={tp}",
         f"{a}.megatron.pipeline_model_parallel_size={pp}",
         f"{a}.megatron.expert_model_parallel_size={ep}",
@@ -59,9 +62,9 @@ def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1) -> list[str]:
         "actor_rollout_ref.rollout.temperature=1.0",
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=False",
-        "trainer.n_gpus_per_node=2",
+        f"trainer.n_gpus_per_node={world}",
         "trainer.nnodes=1",
-        "trainer.device=cpu",
+        f"trainer.device={device}",
     ]
 
 
@@ -96,6 +99,12 @@ def dispatch(td, dp: int, dp_rank: int):
     return BatchData(td).chunk(chunks=dp)[dp_rank].unlock_()
 
 
+def dist_world() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def run(a) -> dict:
     import torch.distributed as dist
 
@@ -107,7 +116,8 @@ def run(a) -> dict:
     from verl.workers.engine_workers import ActorRolloutRefWorker
     from verl.workers.utils.padding import no_padding_2_padding
 
-    c = compose(rewrite(overrides(a.hf_path, a.ep)))
+    c = compose(rewrite(overrides(a.hf_path, a.ep, world=dist_world(), device=a.device,
+                                  remove_padding=a.remove_padding)))
     worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
     worker.init_model()
     engine = worker.actor.engine
@@ -137,7 +147,9 @@ def run(a) -> dict:
     tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
                          global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
                          dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    t_update = time.perf_counter()
     out = worker.update_actor(dispatch(td, dp, dp_rank))
+    t_update = time.perf_counter() - t_update
     metrics = tu.get(out, "metrics") if out is not None else None
 
     receiver = HFQwen3MoeReceiver(hf_model(a.hf_path, dtype=engine.param_dtype))  # the rollout's dtype
@@ -146,6 +158,7 @@ def run(a) -> dict:
     sync_diff = received_vs_engine(engine, receiver)
     saved = saved_vs_received(engine, receiver, Path(a.work) / "verl-checkpoint")
     result = None
+    tokens = int(batch["tokens"].shape[0] * PROMPT + batch["response_mask"].sum())  # prompt + real response tokens
     if dist.get_rank() == 0:
         work = Path(a.work)
         torch.save({**batch, "old_log_prob": old}, work / "batch.pt")
@@ -156,7 +169,10 @@ def run(a) -> dict:
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
                   "layout": engine.mapping.layout.describe(), "tensors_synced": len(received),
                   "rewards": batch["rewards"].tolist(), "rows": [rows.start, rows.stop],
-                  "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype), **saved}
+                  "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype),
+                  "update_seconds": round(t_update, 3), "tokens": tokens,
+                  "tokens_per_second": round(tokens / t_update, 1),
+                  "remove_padding": a.remove_padding, **saved}
     return result
 
 
@@ -227,6 +243,8 @@ def main(argv=None) -> int:
     ap.add_argument("--work", required=True)
     ap.add_argument("--ep", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7, help="seed of the batch (tokens, lengths of the responses)")
+    ap.add_argument("--device", default="cpu", help="verl's trainer.device")
+    ap.add_argument("--remove-padding", action="store_true", help="packed sequences (THD)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from mcore_dapo.runtime.launch import finish_worker

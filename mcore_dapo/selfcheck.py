@@ -1,0 +1,271 @@
+"""``mcore-dapo selfcheck``: one prepared command that proves a node (CUDA, Ascend or the CPU) in minutes.
+
+Steps, in order; each is timed and given a verdict (``pass``, ``fail`` or ``skipped: <reason>``), and a
+failed step does not hide the others:
+
+1. ``env``: versions, the device, Transformer Engine / MindSpeed, the patches that apply;
+2. ``model``: on an accelerator, Qwen3-30B-A3B at its real width (hidden 2048, 32 heads / 4 KV groups,
+   head_dim 128, 128 experts top-8, expert ffn 768, vocab 151936) truncated to ``--layers`` layers with
+   seeded random weights (HF safetensors, no download); on the CPU the tiny Qwen3-MoE. The HF reference
+   logits are computed in a clean process on the CPU, in fp32;
+3. ``megatron_vs_hf``: Megatron on the device (TE spec on CUDA when TE imports, MindSpeed's on Ascend,
+   local on the CPU) against HF, under the largest layout ``--nproc`` allows (EP up to nproc, TP 2 from 4
+   devices); fp32 on the CPU (max |dlogit| < 1e-4, top-1 1.0), bf16 on accelerators (mean |dlogit| < 0.05,
+   top-1 >= 0.9 against the fp32 reference);
+4. ``convert_roundtrip``: hf2mcore then mcore2hf (both run on the CPU under gloo), bit-exact, GB/s;
+5. ``export``: the rollout exporter (resharding) under the same layout on the device: every tensor
+   bit-exact against the checkpoint, seconds, GB/s and the memcpy bound measured in the same run;
+6. ``rollout_sync``: the weights into the rollout engine itself (vLLM / vllm-ascend);
+7. ``dapo_update``: one DAPO update through verl's engine path with this plugin's engine (packed
+   sequences where the device supports them): tokens/s, peak memory, the planner's prediction.
+
+``W/selfcheck.json`` and ``W/selfcheck.md`` hold the report. The command exits 1 only when a step that
+ran has failed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.errors import UserError
+
+REAL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "models" / "qwen3-30b-a3b"
+STEPS = ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "rollout_sync", "dapo_update")
+# rough lower bounds of each step's time (seconds) on an accelerator node / the CPU, for --budget-s
+NEEDS = {"model": (150, 10), "megatron_vs_hf": (60, 40), "convert_roundtrip": (120, 60), "export": (60, 30),
+         "rollout_sync": (60, 30), "dapo_update": (180, 150)}
+TOLERANCE = {"fp32": {"max_abs_diff": 1e-4, "top1_agreement": 1.0},
+             "bf16": {"mean_abs_diff": 0.05, "top1_agreement": 0.9}}
+
+
+class Skip(Exception):
+    """A step that cannot run here; its message is the reason."""
+
+
+@dataclass
+class StepReport:
+    name: str
+    verdict: str
+    seconds: float
+    reason: str | None = None
+    result: dict = field(default_factory=dict)
+
+
+def choose_layout(cfg, nproc: int) -> Layout:
+    """The largest layout ``nproc`` devices allow: EP up to nproc, TP 2 from 4 devices, ETP 1."""
+    ep = max(d for d in range(1, nproc + 1) if nproc % d == 0 and cfg.num_experts % d == 0) if cfg.is_moe else 1
+    tp = 2 if nproc >= 4 and nproc % 2 == 0 and cfg.num_key_value_heads % 2 == 0 else 1
+    return Layout(tp=tp, ep=ep, etp=1).validate(cfg, nproc)
+
+
+def layout_args(layout: Layout) -> list[str]:
+    return ["--tp", str(layout.tp), "--ep", str(layout.ep), "--etp", str(layout.expert_tp)]
+
+
+def within(result: dict, dtype: str) -> bool:
+    """Whether a logits comparison is inside the tolerance of its dtype."""
+    tol = TOLERANCE[dtype]
+    return all(result[k] >= v if k == "top1_agreement" else result[k] < v for k, v in tol.items())
+
+
+class SelfCheck:
+    def __init__(self, device: str, nproc: int, workdir: Path, budget_s: float, layers: int = 2,
+                 config: Path = REAL_CONFIG, progress: Callable[[str], None] = lambda s: None):
+        from mcore_dapo.devices import get_adapter
+
+        if nproc < 1:
+            raise UserError(f"nproc={nproc} is not accepted: a positive integer is")
+        if layers < 1:
+            raise UserError(f"layers={layers} is not accepted: a positive integer is")
+        self.adapter = get_adapter(device)
+        self.device, self.nproc, self.layers, self.config = self.adapter.name, nproc, layers, Path(config)
+        self.work = Path(workdir).absolute()
+        self.budget_s, self.progress = budget_s, progress
+        self.accelerator = self.adapter.is_accelerator
+        self.dtype = "bf16" if self.accelerator else "fp32"
+        self.t0 = time.monotonic()
+        self.model: Path | None = None
+        self.layout: Layout | None = None
+        self.mcore: Path | None = None
+
+    # ---- the steps -------------------------------------------------------------------------------
+
+    def step_env(self) -> dict:
+        from mcore_dapo import env
+
+        return env.collect(self.device)
+
+    def step_model(self) -> dict:
+        from mcore_dapo.harness.tiny import make_tiny_model, make_truncated_model
+
+        self._device_present()
+        model, ref = self.work / "model", self.work / "reference.pt"
+        if self.accelerator:
+            if not (self.config / "config.json").is_file() and not self.config.is_file():
+                raise UserError(f"--config {str(self.config)!r} has no config.json: pass the real model's config")
+            make_truncated_model(model, self.config, self.layers)
+        else:
+            make_tiny_model(model, seed=0)
+        seq = "64" if self.accelerator else "16"
+        subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(model), str(ref),
+                        "--seq", seq], check=True, capture_output=True, text=True)
+        self.model = model
+        cfg = load_hf_config(model)
+        self.layout = choose_layout(cfg, self.nproc)
+        return {"path": str(model), "layers": cfg.num_layers, "hidden": cfg.hidden_size, "experts": cfg.num_experts,
+                "vocab": cfg.vocab_size, "bytes": sum(f.stat().st_size for f in model.glob("*.safetensors")),
+                "layout": self.layout.describe()}
+
+    def step_megatron_vs_hf(self) -> dict:
+        r = self._torchrun("mcore_dapo.harness.logits",
+                           ["--hf-path", str(self._model()), "--reference", str(self.work / "reference.pt"),
+                            "--device", self.device, "--dtype", self.dtype, *layout_args(self.layout)])
+        r["tolerance"] = TOLERANCE[self.dtype]
+        r["ok"] = within(r, self.dtype)
+        return r
+
+    def step_convert_roundtrip(self) -> dict:
+        from mcore_dapo.convert.api import hf2mcore, mcore2hf
+
+        model = self._model()
+        t = time.monotonic()
+        manifest = hf2mcore(model, self.work / "mcore", self.layout, nproc=self.nproc, overwrite=True, progress=False)
+        t_in = time.monotonic() - t
+        t = time.monotonic()
+        back = mcore2hf(self.work / "mcore", self.work / "hf-back", nproc=self.nproc, overwrite=True, progress=False)
+        t_out = time.monotonic() - t
+        self.mcore = self.work / "mcore"
+        differ = _differing_tensors(model, self.work / "hf-back")
+        gb = manifest["source"]["bytes"] / 1e9
+        return {"runs_on": "cpu (gloo)", "tensors": back["tensors"], "bytes": manifest["source"]["bytes"],
+                "hf2mcore_seconds": round(t_in, 2), "mcore2hf_seconds": round(t_out, 2),
+                "hf2mcore_gbps": round(gb / t_in, 3), "mcore2hf_gbps": round(gb / t_out, 3),
+                "bit_exact": not differ, "first_difference": differ[0] if differ else None, "ok": not differ}
+
+    def step_export(self) -> dict:
+        r = self._torchrun("mcore_dapo.harness.sync_bench",
+                           ["--hf-path", str(self._model()), "--device", self.device, *layout_args(self.layout)])
+        r["ok"] = bool(r["bit_exact"])
+        return r
+
+    def step_rollout_sync(self) -> dict:
+        engine = self.adapter.rollout_package
+        if importlib.util.find_spec(engine) is None:
+            raise Skip(f"{engine} is not installed (pip install 'mcore-dapo[{self.adapter.install_extra}]')")
+        raise Skip(f"{engine} is installed, but the weight sync into its model runner is not part of this "
+                   "version: the exporter itself is checked by the export step")
+
+    def step_dapo_update(self) -> dict:
+        if importlib.util.find_spec("verl") is None:
+            raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
+        args = ["--hf-path", str(self._model()), "--work", str(self.work / "dapo"), "--ep", str(self.layout.ep)]
+        if self.adapter.supports_packed_sequences():
+            args.append("--remove-padding")
+        (self.work / "dapo").mkdir(exist_ok=True)
+        r = self._torchrun("mcore_dapo.harness.verl_engine", args)
+        r["ok"] = r["received_vs_engine"] == 0.0
+        return r
+
+    # ---- helpers -----------------------------------------------------------------------------------
+
+    def _device_present(self) -> None:
+        have = self.adapter.device_count()
+        if have == 0:
+            raise Skip(f"no {self.device} device on this machine")
+        if have < self.nproc:
+            raise Skip(f"--nproc {self.nproc} needs {self.nproc} {self.device} devices, {have} visible")
+
+    def _model(self) -> Path:
+        if self.model is None:
+            raise Skip("no model: the model step did not pass")
+        return self.model
+
+    def _torchrun(self, module: str, args: list[str]) -> dict:
+        from mcore_dapo.runtime.launch import LaunchError, torchrun
+
+        try:
+            return torchrun(module, args, self.nproc, timeout=max(60.0, self.left()))
+        except LaunchError as e:
+            raise RuntimeError(str(e).splitlines()[-1] if str(e).strip() else "worker failed") from e
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def run_step(self, name: str) -> StepReport:
+        need = NEEDS.get(name, (0, 0))[0 if self.accelerator else 1]
+        if self.left() < need:
+            return StepReport(name, "skipped", 0.0, f"budget: {self.left():.0f} s left, the step needs about {need} s")
+        self.progress(f"selfcheck: {name} ...")
+        t = time.monotonic()
+        try:
+            result = getattr(self, f"step_{name}")()
+        except Skip as e:
+            return StepReport(name, "skipped", round(time.monotonic() - t, 2), str(e))
+        except UserError:
+            raise
+        except Exception as e:  # a step that ran and broke: its verdict, not the end of the check
+            return StepReport(name, "fail", round(time.monotonic() - t, 2), f"{type(e).__name__}: {e}")
+        verdict = "fail" if result.get("ok") is False else "pass"
+        return StepReport(name, verdict, round(time.monotonic() - t, 2), None, result)
+
+    def run(self) -> dict:
+        self.work.mkdir(parents=True, exist_ok=True)
+        steps = [self.run_step(name) for name in STEPS]
+        report = {"device": self.device, "nproc": self.nproc, "budget_s": self.budget_s,
+                  "layout": self.layout.describe() if self.layout else None, "dtype": self.dtype,
+                  "seconds": round(time.monotonic() - self.t0, 1), "ok": all(s.verdict != "fail" for s in steps),
+                  "steps": [asdict(s) for s in steps]}
+        write_report(report, self.work)
+        return report
+
+
+def _differing_tensors(a: Path, b: Path) -> list[str]:
+    import torch
+
+    from mcore_dapo.io.hf_reader import HFReader
+
+    with HFReader(a) as ra, HFReader(b) as rb:
+        names = list(ra.keys())
+        missing = [n for n in names if n not in rb]
+        return missing or [n for n in names if not torch.equal(ra.get(n), rb.get(n))]
+
+
+HEADLINE = {
+    "megatron_vs_hf": lambda r: f"max |dlogit| {r['max_abs_diff']:.3g}, mean {r['mean_abs_diff']:.3g}, "
+                                f"top-1 {r['top1_agreement']:.3f} ({r['layout']}, {r['seconds']} s)",
+    "convert_roundtrip": lambda r: f"bit-exact {r['bit_exact']}, hf2mcore {r['hf2mcore_gbps']} GB/s, "
+                                   f"mcore2hf {r['mcore2hf_gbps']} GB/s ({r['bytes'] / 1e9:.2f} GB)",
+    "export": lambda r: f"bit-exact {r['bit_exact']}, {r['seconds']} s, {r['gbps']} GB/s "
+                        f"(memcpy {r['memcpy_gbps']} GB/s)",
+    "model": lambda r: f"{r['layers']} layers, hidden {r['hidden']}, {r['experts']} experts, "
+                       f"{r['bytes'] / 1e9:.2f} GB, layout {r['layout']}",
+    "env": lambda r: f"torch {r['versions']['torch']}, megatron-core {r['versions']['megatron-core']}, "
+                     f"TE {r['versions']['transformer-engine']}, MindSpeed {r['versions']['mindspeed']}",
+    "dapo_update": lambda r: f"loss {r['loss']:.4f}, grad norm {r['grad_norm']:.4f}, "
+                             f"sync diff {r['received_vs_engine']}",
+}
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# selfcheck: {report['device']} x {report['nproc']}, {report['dtype']}, {report['seconds']} s",
+             "", "| step | verdict | seconds | figures |", "| --- | --- | ---: | --- |"]
+    for s in report["steps"]:
+        verdict = s["verdict"] if s["reason"] is None else f"{s['verdict']}: {s['reason']}"
+        figures = HEADLINE[s["name"]](s["result"]) if s["result"] and s["name"] in HEADLINE else ""
+        lines.append(f"| {s['name']} | {verdict} | {s['seconds']} | {figures} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(report: dict, work: Path) -> None:
+    for name, text in (("selfcheck.json", json.dumps(report, indent=1)), ("selfcheck.md", markdown(report))):
+        tmp = work / (name + ".tmp")
+        tmp.write_text(text)
+        tmp.rename(work / name)
