@@ -112,3 +112,45 @@ def test_cuda_and_npu_adapters_import_and_describe_here():
     assert cuda.describe() == {"device": "cuda", "backend": "nccl", "transformer_engine": False}
     assert npu.describe() == {"device": "npu", "backend": "hccl"}
     assert not npu.detect() and not cuda.detect()
+
+
+THD = ("actor_rollout_ref.model.use_remove_padding=True packs sequences (THD), which Megatron's attention without "
+       "Transformer Engine cannot run: set actor_rollout_ref.model.use_remove_padding=False on the CPU")
+
+
+def test_cpu_adapter_answers_what_callers_would_branch_on():
+    import torch
+    from megatron.core.transformer.enums import AttnBackend
+
+    cpu = get_adapter("cpu")
+    assert not cpu.has_device_memory() and cpu.memory_allocated() is None
+    module = torch.nn.Linear(2, 2)
+    assert cpu.to_device(module) is module and cpu.local_device() == torch.device("cpu")
+    assert cpu.attention_backend(AttnBackend.flash) is AttnBackend.local and cpu.attention_backend(None) is None
+    with pytest.raises(UserError) as e:
+        cpu.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+    assert str(e.value) == THD
+    cpu.check_context_parallel(1)
+    with pytest.raises(UserError, match="cp=2 is not accepted on the CPU: .*accepted is cp=1"):
+        cpu.check_context_parallel(2)
+    assert not cpu.takes_feature_flags() and cpu.feature_flags({"use_flash_attn": True}, 2) == {}
+    with pytest.raises(ValueError, match="takes no feature flags"):
+        cpu.configure({"use_flash_attn": True})
+    cpu.mark_model_parallel_initialised()  # every adapter has the hook
+
+
+def test_cuda_and_npu_adapters_answer_here_without_a_device():
+    from megatron.core.transformer.enums import AttnBackend
+
+    cuda, npu = get_adapter("cuda"), get_adapter("npu")
+    for a in (cuda, npu):
+        assert a.has_device_memory()
+        assert a.attention_backend(AttnBackend.flash) is AttnBackend.flash
+        a.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        a.check_context_parallel(4)
+    assert npu.memory_allocated() is None  # no torch.npu without torch_npu
+    assert not cuda.takes_feature_flags() and cuda.feature_flags({"use_flash_attn": False}, 2) == {}
+    assert npu.takes_feature_flags()
+    assert npu.feature_flags(None, 1) == {"use_flash_attn": True}
+    assert npu.feature_flags({"use_flash_attn": False, "use_fused_rmsnorm": True}, 2) == {
+        "use_flash_attn": False, "use_fused_rmsnorm": True, "context_parallel_size": 2}

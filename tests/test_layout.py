@@ -37,3 +37,26 @@ def test_derived_sizes():
     lay = Layout(tp=4, pp=2, ep=8, etp=1)
     assert lay.dp(32) == 4 and lay.expert_dp(32) == 2 and lay.expert_tp == 1
     assert Layout(tp=2).expert_tp == 2  # Megatron's default ETP is TP
+
+
+def test_one_table_of_megatron_names():
+    import dataclasses
+    import inspect
+
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer import TransformerConfig
+
+    from mcore_dapo.bridge.layout import MEGATRON_NAMES
+
+    lay = Layout(tp=2, pp=2, ep=4, etp=1, vpp=2)
+    sizes = lay.megatron_sizes()
+    assert sizes == {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2,
+                     "virtual_pipeline_model_parallel_size": 2, "context_parallel_size": 1,
+                     "expert_model_parallel_size": 4, "expert_tensor_parallel_size": 1}
+    assert Layout.from_megatron(sizes) == lay
+    assert Layout(tp=2).megatron_sizes()["expert_tensor_parallel_size"] == 2  # Megatron's default ETP is TP
+    assert Layout.from_megatron({}) == Layout()
+    assert Layout.from_megatron({"tensor_model_parallel_size": "4", "context_parallel_size": None}) == Layout(tp=4)
+    # the names are those of initialize_model_parallel and of TransformerConfig
+    assert set(MEGATRON_NAMES.values()) <= set(inspect.signature(ps.initialize_model_parallel).parameters)
+    assert set(MEGATRON_NAMES.values()) <= {f.name for f in dataclasses.fields(TransformerConfig)}

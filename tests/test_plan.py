@@ -153,3 +153,17 @@ def test_cp_variants_that_gain_nothing_are_left_out_unless_asked(reference_confi
     assert listed["listed_layouts"] < everything["listed_layouts"] == everything["legal_layouts"]
     assert any(c["cp"] > 1 for c in everything["candidates"])
     assert listed["best"] == everything["best"]
+
+
+def test_layout_overrides_use_megatrons_names():
+    from mcore_dapo.plan.planner import layout_overrides, stage_overrides
+
+    pl = PlanLayout(Layout(tp=2, pp=3, ep=4, etp=1), 2, None)
+    assert stage_overrides(pl) == {"num_layers_in_first_pipeline_stage": 2}
+    actor = "actor_rollout_ref.actor.megatron"
+    out = layout_overrides(pl)
+    assert out[:6] == [f"{actor}.tensor_model_parallel_size=2", f"{actor}.pipeline_model_parallel_size=3",
+                       f"{actor}.virtual_pipeline_model_parallel_size=null", f"{actor}.context_parallel_size=1",
+                       f"{actor}.expert_model_parallel_size=4", f"{actor}.expert_tensor_parallel_size=1"]
+    assert out[6:12] == [o.replace(".actor.", ".ref.") for o in out[:6]]
+    assert out[12:] == [f"+{actor}.override_transformer_config.num_layers_in_first_pipeline_stage=2"]

@@ -129,3 +129,25 @@ def test_rollout_sampling_rules(tmp_path):
     g = torch.Generator().manual_seed(0)
     a = sample(model, prompt, 8, generator=g)[0]
     assert len(a) == 8 and a == sample(model, prompt, 8, generator=torch.Generator().manual_seed(0))[0]
+
+
+def test_packing_and_attention_backend_are_the_devices_answers():
+    from megatron.core.transformer.enums import AttnBackend
+    from omegaconf import OmegaConf
+
+    from mcore_dapo.devices import get_adapter
+    from mcore_dapo.verl_plugin.config_checks import check_packing
+    from mcore_dapo.verl_plugin.engine import _attention_backend
+
+    def conf(device):
+        return OmegaConf.create({"trainer": {"device": device},
+                                 "actor_rollout_ref": {"model": {"use_remove_padding": True}}})
+
+    check_packing(conf("cuda"))
+    with pytest.raises(UserError, match="set actor_rollout_ref.model.use_remove_padding=False on the CPU"):
+        check_packing(conf("cpu"))
+    assert _attention_backend({"attention_backend": "flash"}, get_adapter("cpu")) == {"attention_backend": AttnBackend.local}
+    assert _attention_backend({"attention_backend": "flash"}, get_adapter("cuda")) == {"attention_backend": AttnBackend.flash}
+    assert _attention_backend({}, get_adapter("cpu")) == {}
+    with pytest.raises(UserError, match="attention_backend='flashy' is not one of"):
+        _attention_backend({"attention_backend": "flashy"}, get_adapter("cuda"))

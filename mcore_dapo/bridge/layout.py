@@ -7,6 +7,17 @@ from dataclasses import asdict, dataclass
 from mcore_dapo.bridge.hf_config import HFModelConfig
 from mcore_dapo.errors import UserError
 
+# Each Layout field and its name in Megatron (TransformerConfig, initialize_model_parallel), which
+# verl's ``megatron`` config section uses too.
+MEGATRON_NAMES = {
+    "tp": "tensor_model_parallel_size",
+    "pp": "pipeline_model_parallel_size",
+    "vpp": "virtual_pipeline_model_parallel_size",
+    "cp": "context_parallel_size",
+    "ep": "expert_model_parallel_size",
+    "etp": "expert_tensor_parallel_size",
+}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -44,6 +55,19 @@ class Layout:
         d = asdict(self)
         d["etp"] = self.expert_tp
         return d
+
+    def megatron_sizes(self) -> dict:
+        """The layout under Megatron's names (ETP resolved, VPP None when there is none)."""
+        d = self.as_dict()
+        return {mname: d[field] for field, mname in MEGATRON_NAMES.items()}
+
+    @classmethod
+    def from_megatron(cls, sizes) -> "Layout":
+        """The layout of a mapping with Megatron's names (verl's ``megatron`` config section)."""
+        vals = {field: sizes.get(mname) for field, mname in MEGATRON_NAMES.items()}
+        for field in ("tp", "pp", "ep", "cp"):  # left out or null: Megatron's default, 1
+            vals[field] = 1 if vals[field] is None else int(vals[field])
+        return cls(**vals)
 
     def validate(self, cfg: HFModelConfig | None = None, world_size: int | None = None) -> "Layout":
         """Raise a one-line :class:`UserError` for an illegal layout; return self."""

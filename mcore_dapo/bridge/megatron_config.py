@@ -74,10 +74,7 @@ def transformer_config_kwargs(
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=float(cfg.raw.get("initializer_range", 0.02)),
-        tensor_model_parallel_size=layout.tp,
-        pipeline_model_parallel_size=layout.pp,
-        virtual_pipeline_model_parallel_size=layout.vpp,
-        context_parallel_size=layout.cp,
+        **layout.megatron_sizes(),
         sequence_parallel=bool(sequence_parallel and layout.tp > 1),
         params_dtype={"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype],
         bf16=dtype == "bf16",
@@ -104,8 +101,6 @@ def transformer_config_kwargs(
             moe_aux_loss_coeff=cfg.router_aux_loss_coef if aux_loss_coeff is None else aux_loss_coeff,
             moe_grouped_gemm=grouped_gemm,
             moe_layer_freq=moe_layer_pattern(cfg),
-            expert_model_parallel_size=layout.ep,
-            expert_tensor_parallel_size=layout.expert_tp,
             moe_router_dtype="fp32",
         )
     if recompute == "full":

@@ -15,8 +15,10 @@ class DeviceAdapter(ABC):
     1. :meth:`prepare` before Megatron is imported (MindSpeed must come first on Ascend);
     2. :meth:`apply_patches` once Megatron is importable;
     3. :meth:`configure` with feature flags, before ``initialize_model_parallel``;
-    4. :meth:`init_distributed`, then Megatron's parallel state;
-    5. :meth:`layer_spec` when the model is built.
+    4. :meth:`init_distributed`, then Megatron's parallel state, then :meth:`mark_model_parallel_initialised`;
+    5. :meth:`layer_spec` when the model is built, :meth:`to_device` once it is.
+
+    The other methods answer what callers would otherwise branch on the device's name for.
     """
 
     name: str = ""
@@ -42,17 +44,63 @@ class DeviceAdapter(ABC):
         load_implementations()
         return registry.status(self.name)
 
+    def takes_feature_flags(self) -> bool:
+        """Whether :meth:`configure` accepts feature flags (settings that are no TransformerConfig field)."""
+        return False
+
+    def feature_flags(self, overrides: dict | None, context_parallel_size: int) -> dict:
+        """The feature flags a training engine's TransformerConfig ``overrides`` stand for (none here)."""
+        return {}
+
     def configure(self, flags: dict | None = None) -> None:
         """Apply feature flags (MindSpeed's on Ascend). Must run before initialize_model_parallel."""
         if flags:
             raise ValueError(f"device {self.name!r} takes no feature flags, got {sorted(flags)}")
 
+    def mark_model_parallel_initialised(self) -> None:
+        """Called once Megatron's parallel state exists (feature flags come too late after it)."""
+
     @abstractmethod
     def device(self, local_rank: int):
         """The torch.device this process computes on."""
 
+    def local_device(self):
+        """The torch.device of this process (torchrun's LOCAL_RANK)."""
+        return self.device(local_rank())
+
     def set_device(self, local_rank: int) -> None:
         pass
+
+    def has_device_memory(self) -> bool:
+        """Whether the device has memory apart from the host's. Only then do models move to it after
+        being built (Megatron initialises them on the device itself), and do offloading to the host
+        and loading back mean anything."""
+        return True
+
+    def to_device(self, module):
+        """A model built by Megatron, on this process's device."""
+        return module.to(self.local_device()) if self.has_device_memory() else module
+
+    def memory_allocated(self) -> int | None:
+        """Bytes the device's allocator holds, after the queued work (None: no such counter)."""
+        import torch
+
+        mod = getattr(torch, self.name, None)
+        if not self.has_device_memory() or mod is None:
+            return None
+        mod.synchronize()
+        return int(mod.memory_allocated())
+
+    def attention_backend(self, requested):
+        """The Megatron ``AttnBackend`` that runs when ``requested`` is asked for."""
+        return requested
+
+    def check_packed_sequences(self, setting: str) -> None:
+        """Raise a one-line UserError when this device cannot run packed (THD) sequences, which
+        ``setting``=True asks for."""
+
+    def check_context_parallel(self, cp: int) -> None:
+        """Raise a one-line UserError when this device cannot run context parallelism of size ``cp``."""
 
     def init_distributed(self, timeout_s: int = 600) -> None:
         """torch.distributed from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR...)."""
@@ -62,8 +110,7 @@ class DeviceAdapter(ABC):
 
         if dist.is_initialized():
             return
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.set_device(local_rank)
+        self.set_device(local_rank())
         dist.init_process_group(backend=self.backend, timeout=datetime.timedelta(seconds=timeout_s))
 
     @abstractmethod
@@ -84,6 +131,10 @@ class DeviceAdapter(ABC):
 
     def describe(self) -> dict:
         return {"device": self.name, "backend": self.backend}
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def megatron_imported() -> bool:

@@ -6,6 +6,7 @@ import torch
 
 from mcore_dapo.devices.base import DeviceAdapter
 from mcore_dapo.devices.spec import te_compatible_keys
+from mcore_dapo.errors import UserError
 
 
 class RMSNorm(torch.nn.Module):
@@ -55,6 +56,24 @@ class CpuAdapter(DeviceAdapter):
 
     def device(self, local_rank: int):
         return torch.device("cpu")
+
+    def has_device_memory(self) -> bool:
+        return False
+
+    def attention_backend(self, requested):
+        """Flash and fused kernels need Transformer Engine: the local (unfused) kernel runs."""
+        from megatron.core.transformer.enums import AttnBackend
+
+        return None if requested is None else AttnBackend.local
+
+    def check_packed_sequences(self, setting: str) -> None:
+        raise UserError(f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
+                        f"Engine cannot run: set {setting}=False on the CPU")
+
+    def check_context_parallel(self, cp: int) -> None:
+        if cp > 1:
+            raise UserError(f"cp={cp} is not accepted on the CPU: context parallelism needs Transformer Engine "
+                            "attention (a GPU); accepted is cp=1")
 
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec

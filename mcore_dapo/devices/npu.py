@@ -62,6 +62,18 @@ class NpuAdapter(DeviceAdapter):
     def mark_model_parallel_initialised(self) -> None:
         self._model_parallel_initialised = True
 
+    def takes_feature_flags(self) -> bool:
+        return True
+
+    def feature_flags(self, overrides: dict | None, context_parallel_size: int) -> dict:
+        """MindSpeed takes the whole override dict, flash attention on unless it says otherwise, and
+        the CP size (as verl's own NPU engine passes them)."""
+        flags = dict(overrides or {})
+        flags.setdefault("use_flash_attn", True)
+        if context_parallel_size > 1:
+            flags["context_parallel_size"] = context_parallel_size
+        return flags
+
     def configure(self, flags: dict | None = None) -> None:
         if not flags:
             return

@@ -7,7 +7,8 @@ are built one after the other (Megatron's parallel state is re-initialised betwe
     torchrun --nproc-per-node 4 -m mcore_dapo.harness.plan_params --hf-path MODEL_DIR \\
         --layouts '[{"tp": 2, "ep": 2}, {"pp": 2, "ep": 2, "first": 1, "last": 3}]'
 
-``--hf-path`` may be repeated; a layout's ``"model": i`` picks the i-th (default 0).
+``--hf-path`` may be repeated; a layout's ``"model": i`` picks the i-th (default 0). Parameter
+counts do not depend on CP, which the CPU refuses (context parallelism needs Transformer Engine).
 
 Rank 0 writes the JSON result to ``--out`` (or stdout): for each layout, every rank's
 coordinates, its real dense/expert parameter counts, the predicted ones and whether they agree.
@@ -29,14 +30,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 from mcore_dapo.bridge import Bridge, Layout
-from mcore_dapo.errors import UserError
 from mcore_dapo.plan.layouts import PlanLayout
 from mcore_dapo.plan.params import rank_params
+from mcore_dapo.plan.planner import stage_overrides
 
 LAYOUT_KEYS = ("tp", "pp", "ep", "etp", "cp", "vpp", "first", "last")
 
@@ -60,38 +60,6 @@ def plan_layout(d: dict) -> PlanLayout:
     return PlanLayout(lay, d.get("first"), d.get("last"))
 
 
-def build_chunks(bridge: Bridge, adapter, pl: PlanLayout, dtype: str):
-    """The model chunks of this rank; the uneven first/last stage sizes go into the TransformerConfig."""
-    import torch
-    import torch.nn.functional as F
-    from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.transformer import TransformerConfig
-
-    from mcore_dapo.bridge.megatron_config import gpt_model_kwargs, transformer_config_kwargs
-
-    kw = transformer_config_kwargs(bridge.cfg, pl.layout, dtype=dtype)
-    kw.update(params_dtype=getattr(torch, kw["params_dtype"]), activation_func=F.silu,
-              num_layers_in_first_pipeline_stage=pl.first, num_layers_in_last_pipeline_stage=pl.last)
-    kw["pipeline_dtype"] = kw["params_dtype"]
-    tf = TransformerConfig(**kw)
-    tf.use_cpu_initialization = adapter.name == "cpu"
-    tf.perform_initialization = False
-    chunks = []
-    for vp in range(pl.layout.vpp or 1):
-        vp_stage = vp if pl.layout.vpp else None
-        spec = adapter.layer_spec(tf, vp_stage=vp_stage, pp_rank=ps.get_pipeline_model_parallel_rank())
-        chunks.append(GPTModel(
-            config=tf, transformer_layer_spec=spec, vp_stage=vp_stage,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            **gpt_model_kwargs(bridge.cfg, pl.layout),
-        ))
-    if adapter.name != "cpu":
-        chunks = [c.to(adapter.device(int(os.environ.get("LOCAL_RANK", "0")))) for c in chunks]
-    return chunks
-
-
 FIELDS = ("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted_dense", "predicted_expert",
           "weight_bytes")
 
@@ -110,37 +78,26 @@ def count_params(chunks) -> tuple[int, int]:
     return dense, expert
 
 
-def _allocated(adapter) -> int:
-    """Bytes the accelerator's allocator holds (-1 on the CPU, which has no such counter)."""
-    mod = getattr(__import__("torch"), adapter.name, None)
-    if adapter.name == "cpu" or mod is None:
-        return -1
-    mod.synchronize()
-    return int(mod.memory_allocated())
-
-
 def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
+    from mcore_dapo.runtime.model import build_model
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
     bridge = Bridge.from_hf(hf_path, pl.layout)
     adapter = init_parallel(pl.layout, device)
     info = parallel_info()
-    if adapter.name == "cpu" and pl.layout.cp > 1:
-        raise UserError(f"cp={pl.layout.cp} is not accepted on the CPU: context parallelism needs Transformer "
-                        "Engine attention (a GPU); parameter counts do not depend on CP")
-    before = _allocated(adapter)
-    chunks = build_chunks(bridge, adapter, pl, dtype)
-    weight_bytes = _allocated(adapter) - before if before >= 0 else -1
+    adapter.check_context_parallel(pl.layout.cp)
+    before = adapter.memory_allocated()
+    chunks, _ = build_model(bridge, adapter, dtype=dtype, overrides=stage_overrides(pl))
+    weight_bytes = -1 if before is None else adapter.memory_allocated() - before
     dense, expert = count_params(chunks)
     pred = rank_params(bridge.cfg, pl, info.pp_rank)
-    dev = adapter.device(int(os.environ.get("LOCAL_RANK", "0")))
     mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense,
-                         pred.expert, weight_bytes], dtype=torch.long, device=dev)
+                         pred.expert, weight_bytes], dtype=torch.long, device=adapter.local_device())
     rows = [torch.zeros_like(mine) for _ in range(info.world_size)]
     dist.all_gather(rows, mine)
     del chunks

@@ -89,25 +89,19 @@ def without_dominated_cp(candidates: list[Candidate]) -> list[Candidate]:
     return out
 
 
+def stage_overrides(pl: PlanLayout) -> dict:
+    """The TransformerConfig fields of the uneven first/last pipeline stage sizes that are set."""
+    sizes = {"num_layers_in_first_pipeline_stage": pl.first, "num_layers_in_last_pipeline_stage": pl.last}
+    return {k: v for k, v in sizes.items() if v is not None}
+
+
 def layout_overrides(pl: PlanLayout) -> list[str]:
     """Hydra overrides of verl's Megatron actor and reference for a layout alone."""
-    lay = pl.layout
-    sizes = {
-        "tensor_model_parallel_size": lay.tp,
-        "pipeline_model_parallel_size": lay.pp,
-        "virtual_pipeline_model_parallel_size": lay.vpp if lay.vpp else "null",
-        "context_parallel_size": lay.cp,
-        "expert_model_parallel_size": lay.ep,
-        "expert_tensor_parallel_size": lay.expert_tp,
-    }
+    sizes = {k: "null" if v is None else v for k, v in pl.layout.megatron_sizes().items()}
     out = [f"actor_rollout_ref.{role}.megatron.{k}={v}" for role in ("actor", "ref") for k, v in sizes.items()]
     # uneven stages: set on the actor only; verl's reference inherits the actor's transformer overrides
     tc = "+actor_rollout_ref.actor.megatron.override_transformer_config"
-    if pl.first is not None:
-        out.append(f"{tc}.num_layers_in_first_pipeline_stage={pl.first}")
-    if pl.last is not None:
-        out.append(f"{tc}.num_layers_in_last_pipeline_stage={pl.last}")
-    return out
+    return out + [f"{tc}.{k}={v}" for k, v in stage_overrides(pl).items()]
 
 
 def verl_overrides(c: Candidate, w: Workload) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -19,13 +18,17 @@ from mcore_dapo.runtime.parallel import ParallelInfo
 def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", dispatcher: str = "alltoall",
                 make_vocab_size_divisible_by: int | None = None, init_weights: bool = False,
                 **config_kw) -> tuple[list[torch.nn.Module], object]:
-    """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig."""
+    """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig.
+
+    ``config_kw`` goes to :func:`build_transformer_config`: its ``overrides`` (TransformerConfig
+    fields) set, for instance, uneven first/last pipeline stages. ``init_weights=False`` leaves the
+    parameters uninitialised, for weights loaded next or for counting them."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     layout = bridge.layout
     tf = build_transformer_config(bridge.cfg, layout, dtype=dtype, dispatcher=dispatcher, **config_kw)
-    tf.use_cpu_initialization = adapter.name == "cpu"
+    tf.use_cpu_initialization = not adapter.has_device_memory()
     tf.perform_initialization = init_weights
     kw = gpt_model_kwargs(bridge.cfg, layout, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     chunks = []
@@ -40,9 +43,7 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
             vp_stage=vp_stage,
             **kw,
         )
-        if adapter.name != "cpu":
-            model = model.to(adapter.device(int(os.environ.get("LOCAL_RANK", "0"))))
-        chunks.append(model)
+        chunks.append(adapter.to_device(model))
     return chunks, tf
 
 

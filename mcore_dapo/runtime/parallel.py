@@ -48,16 +48,8 @@ def init_parallel(layout: Layout, device: str | DeviceAdapter | None = None, *, 
 
     layout.validate(world_size=dist.get_world_size())
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp,
-            pipeline_model_parallel_size=layout.pp,
-            virtual_pipeline_model_parallel_size=layout.vpp,
-            context_parallel_size=layout.cp,
-            expert_model_parallel_size=layout.ep,
-            expert_tensor_parallel_size=layout.expert_tp,
-        )
-    if hasattr(adapter, "mark_model_parallel_initialised"):
-        adapter.mark_model_parallel_initialised()
+        ps.initialize_model_parallel(**layout.megatron_sizes())
+    adapter.mark_model_parallel_initialised()
     adapter.seed(seed)
     return adapter
 

@@ -5,13 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
 
 SUPPORTED_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM")
-LAYOUT_KEYS = {
-    "tp": "tensor_model_parallel_size", "pp": "pipeline_model_parallel_size", "ep": "expert_model_parallel_size",
-    "etp": "expert_tensor_parallel_size", "cp": "context_parallel_size", "vpp": "virtual_pipeline_model_parallel_size",
-}
+PACKING = "actor_rollout_ref.model.use_remove_padding"  # True: verl packs sequences (THD)
 
 
 def check_verl_version(version: str) -> None:
@@ -19,13 +17,6 @@ def check_verl_version(version: str) -> None:
 
     if not verl_version_ok(version):
         raise UserError(f"verl {version} is not supported by mcore_dapo.verl_plugin: supported is verl{','.join(SUPPORTED_VERL)}")
-
-
-def layout_of(megatron_cfg) -> Layout:
-    vals = {k: megatron_cfg.get(v) for k, v in LAYOUT_KEYS.items()}
-    for k in ("tp", "pp", "ep", "cp"):
-        vals[k] = 1 if vals[k] is None else int(vals[k])
-    return Layout(**vals)
 
 
 def check_architecture(model_dir) -> object:
@@ -64,13 +55,11 @@ def check_batches(c, dp: int, world: int) -> None:
         raise UserError(f"rollout tensor_model_parallel_size={tp} must divide the devices per node and the world size {world}")
 
 
-THD_ON_CPU = ("actor_rollout_ref.model.use_remove_padding=True packs sequences (THD), which Megatron's attention "
-              "without Transformer Engine cannot run: set actor_rollout_ref.model.use_remove_padding=False on the CPU")
-
-
-def check_cpu(c) -> None:
-    if str(c.trainer.get("device", "")) == "cpu" and c.actor_rollout_ref.model.get("use_remove_padding", False):
-        raise UserError(THD_ON_CPU)
+def check_packing(c) -> None:
+    """Packed sequences only on a trainer device that runs them."""
+    device = c.trainer.get("device")
+    if device and c.actor_rollout_ref.model.get("use_remove_padding", False):
+        get_adapter(str(device)).check_packed_sequences(PACKING)
 
 
 def validate(c, model_dir=None) -> dict:
@@ -84,12 +73,12 @@ def validate(c, model_dir=None) -> dict:
                         "use actor_rollout_ref.actor.strategy=megatron through mcore_dapo.verl_plugin.main_dapo")
     world = int(c.trainer.nnodes) * int(c.trainer.n_gpus_per_node)
     cfg = check_architecture(model_dir or c.actor_rollout_ref.model.path)
-    layout = layout_of(actor.megatron)
+    layout = Layout.from_megatron(actor.megatron)
     ref = c.actor_rollout_ref.get("ref")
-    ref_layout = layout_of(ref.megatron) if ref is not None and "megatron" in ref else None
+    ref_layout = Layout.from_megatron(ref.megatron) if ref is not None and "megatron" in ref else None
     check_layouts(cfg, layout, ref_layout, world)
     dp = layout.dp(world)
     check_batches(c, dp, world)
-    check_cpu(c)
+    check_packing(c)
     return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
             "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size)}

@@ -62,12 +62,11 @@ def engine_class():
     get_adapter().prepare()  # MindSpeed before Megatron on Ascend
     from verl.workers.engine.megatron import MegatronEngineWithLMHead
 
-    from mcore_dapo.verl_plugin.platform_cpu import on_cpu
-
     class McoreDapoEngine(MegatronEngineWithLMHead):
         def _init_device_mesh(self):
             _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
             super()._init_device_mesh()
+            get_adapter().mark_model_parallel_initialised()
 
         def _build_tf_config(self):
             _build_tf_config(self)
@@ -78,15 +77,15 @@ def engine_class():
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
             return export_weights(self), None
 
-        # On the CPU the model already lives where verl would "load it to the device": verl's
-        # offload helpers (which expect device buffers) have nothing to move.
+        # Without device memory (the CPU) the model already lives where verl would "load it to the
+        # device": verl's offload helpers (which expect device buffers) have nothing to move.
         def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-            if on_cpu():
+            if not get_adapter().has_device_memory():
                 return None
             return super().to(device, model=model, optimizer=optimizer, grad=grad)
 
         def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-            if not on_cpu():
+            if get_adapter().has_device_memory():
                 return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
             import torch.distributed as dist
 
@@ -104,55 +103,42 @@ def engine_class():
     return McoreDapoEngine
 
 
-def _layout(engine_config):
-    from mcore_dapo.verl_plugin.config_checks import layout_of
-
-    return layout_of(engine_config)
-
-
 def _configure_device(engine) -> None:
     """Before Megatron's parallel state and RNG tracker exist: the device's patches (the CPU's
-    RNG and CUDA-only spots; MindSpeed's ``repatch`` with the whole override_transformer_config
-    as feature flags on Ascend, as verl's own NPU engine does)."""
+    RNG and CUDA-only spots) and feature flags (MindSpeed's ``repatch`` on Ascend)."""
     from mcore_dapo.devices import get_adapter
 
     adapter = get_adapter()
-    if adapter.name != "npu":
-        adapter.apply_patches()
-        return
-    flags = dict(engine.engine_config.override_transformer_config or {})
-    flags.setdefault("use_flash_attn", True)
-    if engine.engine_config.context_parallel_size > 1:
-        flags["context_parallel_size"] = engine.engine_config.context_parallel_size
-    adapter.configure(flags)
+    adapter.apply_patches()
+    cfg = engine.engine_config
+    adapter.configure(adapter.feature_flags(cfg.override_transformer_config, cfg.context_parallel_size))
 
 
 def _build_tf_config(engine) -> None:
     import torch
 
-    from mcore_dapo.bridge import Bridge
+    from mcore_dapo.bridge import Bridge, Layout
     from mcore_dapo.bridge.megatron_config import build_transformer_config, split_overrides
     from mcore_dapo.devices import get_adapter
     from mcore_dapo.errors import UserError
-    from mcore_dapo.verl_plugin.config_checks import check_architecture
+    from mcore_dapo.verl_plugin.config_checks import PACKING, check_architecture
 
+    adapter = get_adapter()
     cfg = check_architecture(engine.model_config.local_path)
-    if get_adapter().name == "cpu" and engine.engine_config.use_remove_padding:
-        from mcore_dapo.verl_plugin.config_checks import THD_ON_CPU
-
-        raise UserError(THD_ON_CPU)
+    if engine.engine_config.use_remove_padding:
+        adapter.check_packed_sequences(PACKING)
     engine.is_value_model = False
     engine.share_embeddings_and_output_weights = cfg.tie_word_embeddings
     engine.param_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         str(engine.engine_config.dtype), torch.float32)
     engine.dtype = engine.param_dtype
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
-    engine.mapping = Bridge(cfg, _layout(engine.engine_config))
+    engine.mapping = Bridge(cfg, Layout.from_megatron(engine.engine_config))
     fields, flags = split_overrides(engine.engine_config.override_transformer_config)
-    if flags and get_adapter().name != "npu":
+    if flags and not adapter.takes_feature_flags():
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
-    engine.mcore_overrides = fields = _attention_backend(fields, get_adapter().name)
+    engine.mcore_overrides = fields = _attention_backend(fields, adapter)
     tf = build_transformer_config(cfg, engine.mapping.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
     from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
 
@@ -162,9 +148,9 @@ def _build_tf_config(engine) -> None:
     engine.peft_cls = None
 
 
-def _attention_backend(fields: dict, device: str) -> dict:
-    """verl spells ``attention_backend`` as a string (default ``flash``); Megatron wants the enum.
-    Flash and fused kernels need Transformer Engine: on the CPU the local (unfused) kernel runs."""
+def _attention_backend(fields: dict, adapter) -> dict:
+    """verl spells ``attention_backend`` as a string (default ``flash``); Megatron wants the enum,
+    and the device says which kernel runs for it (the local one on the CPU)."""
     from megatron.core.transformer.enums import AttnBackend
 
     from mcore_dapo.errors import UserError
@@ -176,8 +162,7 @@ def _attention_backend(fields: dict, device: str) -> dict:
             raise UserError(f"override_transformer_config.attention_backend={backend!r} is not one of "
                             f"{', '.join(AttnBackend.__members__)}")
         backend = AttnBackend[backend]
-    if backend is not None and device == "cpu":
-        backend = AttnBackend.local
+    backend = adapter.attention_backend(backend)
     if backend is not None:
         fields["attention_backend"] = backend
     return fields
