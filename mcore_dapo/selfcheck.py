@@ -89,7 +89,7 @@ class SelfCheck:
         self.device, self.nproc, self.layers, self.config = self.adapter.name, nproc, layers, Path(config)
         self.work = Path(workdir).absolute()
         self.budget_s, self.progress = budget_s, progress
-        self.accelerator = self.adapter.is_accelerator
+        self.accelerator = self.adapter.has_device_memory()
         self.dtype = "bf16" if self.accelerator else "fp32"
         self.t0 = time.monotonic()
         self.model: Path | None = None
@@ -159,7 +159,7 @@ class SelfCheck:
     def step_rollout_sync(self) -> dict:
         engine = self.adapter.rollout_package
         if importlib.util.find_spec(engine) is None:
-            raise Skip(f"{engine} is not installed (pip install 'mcore-dapo[{self.adapter.install_extra}]')")
+            raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
         raise Skip(f"{engine} is installed, but the weight sync into its model runner is not part of this "
                    "version: the exporter itself is checked by the export step")
 
@@ -167,7 +167,7 @@ class SelfCheck:
         if importlib.util.find_spec("verl") is None:
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
         args = ["--hf-path", str(self._model()), "--work", str(self.work / "dapo"), "--ep", str(self.layout.ep)]
-        if self.adapter.supports_packed_sequences():
+        if self.adapter.packed_sequences_supported():
             args.append("--remove-padding")
         (self.work / "dapo").mkdir(exist_ok=True)
         r = self._torchrun("mcore_dapo.harness.verl_engine", args)
@@ -178,6 +178,8 @@ class SelfCheck:
 
     def _device_present(self) -> None:
         have = self.adapter.device_count()
+        if have is None:  # processes on the host
+            return
         if have == 0:
             raise Skip(f"no {self.device} device on this machine")
         if have < self.nproc:

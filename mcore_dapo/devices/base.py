@@ -23,6 +23,8 @@ class DeviceAdapter(ABC):
 
     name: str = ""
     backend: str = ""
+    rollout_package: str = "vllm"  # the rollout engine's Python package on this device
+    rollout_install: str = "pip install 'mcore-dapo[cuda]'"
 
     @classmethod
     @abstractmethod
@@ -81,23 +83,55 @@ class DeviceAdapter(ABC):
         """A model built by Megatron, on this process's device."""
         return module.to(self.local_device()) if self.has_device_memory() else module
 
-    def memory_allocated(self) -> int | None:
-        """Bytes the device's allocator holds, after the queued work (None: no such counter)."""
+    def _torch_module(self):
+        """``torch.cuda`` / ``torch.npu``: None where the device has no memory of its own or is absent."""
         import torch
 
-        mod = getattr(torch, self.name, None)
-        if not self.has_device_memory() or mod is None:
+        return getattr(torch, self.name, None) if self.has_device_memory() else None
+
+    def device_count(self) -> int | None:
+        """Devices visible to this process (None: processes share the host, any number of them)."""
+        mod = self._torch_module()
+        try:
+            return int(mod.device_count()) if mod is not None and mod.is_available() else 0
+        except RuntimeError:  # a driver that does not answer: no usable device
+            return 0
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (timings)."""
+        mod = self._torch_module()
+        if mod is not None:
+            mod.synchronize()
+
+    def memory_allocated(self) -> int | None:
+        """Bytes the device's allocator holds, after the queued work (None: no such counter)."""
+        mod = self._torch_module()
+        if mod is None:
             return None
         mod.synchronize()
         return int(mod.memory_allocated())
+
+    def max_memory_allocated(self) -> int | None:
+        """Peak bytes the device's allocator held in this process (None: no such counter)."""
+        mod = self._torch_module()
+        return None if mod is None else int(mod.max_memory_allocated())
 
     def attention_backend(self, requested):
         """The Megatron ``AttnBackend`` that runs when ``requested`` is asked for."""
         return requested
 
+    def packed_sequences_supported(self) -> bool:
+        """Whether the attention this device builds runs packed (THD) sequences."""
+        return True
+
     def check_packed_sequences(self, setting: str) -> None:
         """Raise a one-line UserError when this device cannot run packed (THD) sequences, which
         ``setting``=True asks for."""
+        if not self.packed_sequences_supported():
+            from mcore_dapo.errors import UserError
+
+            raise UserError(f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
+                            f"Engine cannot run: set {setting}=False on the {self.name.upper()}")
 
     def check_context_parallel(self, cp: int) -> None:
         """Raise a one-line UserError when this device cannot run context parallelism of size ``cp``."""

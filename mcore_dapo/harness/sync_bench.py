@@ -103,14 +103,16 @@ def flat_limit(exporter, stats, repeat: int = 2) -> dict:
 
 
 def memcpy_gbps(numel: int, dtype, device, repeat: int = 3) -> float:
+    from mcore_dapo.devices import get_adapter
+
+    adapter = get_adapter(device.type)  # the adapter the run was started with (one per device kind)
     src = torch.ones(numel, dtype=dtype, device=device)
     dst = torch.empty_like(src)
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
         dst.copy_(src)
-        if device.type != "cpu":
-            torch.accelerator.synchronize()
+        adapter.synchronize()
         best = min(best, time.perf_counter() - t0)
     return src.numel() * src.element_size() / best / 1e9
 
