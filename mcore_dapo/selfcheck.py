@@ -211,8 +211,6 @@ class SelfCheck:
             result = getattr(self, f"step_{name}")()
         except Skip as e:
             return StepReport(name, "skipped", round(time.monotonic() - t, 2), str(e))
-        except UserError:
-            raise
         except Exception as e:  # a step that ran and broke: its verdict, not the end of the check
             return StepReport(name, "fail", round(time.monotonic() - t, 2), f"{type(e).__name__}: {e}")
         verdict = "fail" if result.get("ok") is False else "pass"

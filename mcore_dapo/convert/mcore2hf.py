@@ -18,6 +18,7 @@ from pathlib import Path
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.runtime.launch import peak_rss_mb
 from mcore_dapo.io import output
+from mcore_dapo.io.hf_shards import SHARD_BYTES
 
 
 def export_layout(num_experts: int, nproc: int) -> Layout:
