@@ -147,7 +147,7 @@ class SelfCheck:
         gb = manifest["source"]["bytes"] / 1e9
         return {"runs_on": "cpu (gloo)", "tensors": back["tensors"], "bytes": manifest["source"]["bytes"],
                 "hf2mcore_seconds": round(t_in, 2), "mcore2hf_seconds": round(t_out, 2),
-                "hf2mcore_gbps": round(gb / t_in, 3), "mcore2hf_gbps": round(gb / t_out, 3),
+                "hf2mcore_gbps": float(f"{gb / t_in:.4g}"), "mcore2hf_gbps": float(f"{gb / t_out:.4g}"),
                 "bit_exact": not differ, "first_difference": differ[0] if differ else None, "ok": not differ}
 
     def step_export(self) -> dict:
@@ -171,6 +171,10 @@ class SelfCheck:
             args.append("--remove-padding")
         (self.work / "dapo").mkdir(exist_ok=True)
         r = self._torchrun("mcore_dapo.harness.verl_engine", args)
+        r["planner_peak_gib"] = round(planner_peak_gib(load_hf_config(self.model), self.layout, self.nproc), 3)
+        if r["peak_device_bytes"] is not None:
+            r["peak_device_gib"] = round(r["peak_device_bytes"] / 2**30, 3)
+            r["measured_over_planned"] = round(r["peak_device_gib"] / r["planner_peak_gib"], 3)
         r["ok"] = r["received_vs_engine"] == 0.0
         return r
 
@@ -227,6 +231,20 @@ class SelfCheck:
         return report
 
 
+def planner_peak_gib(cfg, layout: Layout, nproc: int) -> float:
+    """The planner's peak memory of one update (GiB, largest stage) for the batch of the dapo_update step."""
+    from mcore_dapo.harness.verl_dapo import GROUPS, N, PROMPT, RESPONSE
+    from mcore_dapo.harness.verl_engine import MICRO
+    from mcore_dapo.plan import PlanLayout, Workload, get_device
+    from mcore_dapo.plan.memory import estimate_memory
+
+    # the device spec only sizes the rollout's share of memory, not the update's peak
+    w = Workload(device=get_device("h200"), nodes=1, devices_per_node=nproc, max_prompt=PROMPT,
+                 max_response=RESPONSE, micro_batch_tokens=MICRO * (PROMPT + RESPONSE), prompts=GROUPS,
+                 responses_per_prompt=N, recompute="none")
+    return max(s.update_total for s in estimate_memory(cfg, PlanLayout(layout), w))
+
+
 def _differing_tensors(a: Path, b: Path) -> list[str]:
     import torch
 
@@ -239,19 +257,25 @@ def _differing_tensors(a: Path, b: Path) -> list[str]:
 
 
 HEADLINE = {
-    "megatron_vs_hf": lambda r: f"max |dlogit| {r['max_abs_diff']:.3g}, mean {r['mean_abs_diff']:.3g}, "
+    "megatron_vs_hf": lambda r: f"max abs dlogit {r['max_abs_diff']:.3g}, mean {r['mean_abs_diff']:.3g}, "
                                 f"top-1 {r['top1_agreement']:.3f} ({r['layout']}, {r['seconds']} s)",
-    "convert_roundtrip": lambda r: f"bit-exact {r['bit_exact']}, hf2mcore {r['hf2mcore_gbps']} GB/s, "
-                                   f"mcore2hf {r['mcore2hf_gbps']} GB/s ({r['bytes'] / 1e9:.2f} GB)",
-    "export": lambda r: f"bit-exact {r['bit_exact']}, {r['seconds']} s, {r['gbps']} GB/s "
-                        f"(memcpy {r['memcpy_gbps']} GB/s)",
+    "convert_roundtrip": lambda r: f"bit-exact {r['bit_exact']}, hf2mcore {r['hf2mcore_gbps']:.3g} GB/s, "
+                                   f"mcore2hf {r['mcore2hf_gbps']:.3g} GB/s ({r['bytes'] / 1e9:.3g} GB)",
+    "export": lambda r: f"bit-exact {r['bit_exact']}, {r['seconds']} s, {r['gbps']:.3g} GB/s "
+                        f"(memcpy {r['memcpy_gbps']:.3g} GB/s)",
     "model": lambda r: f"{r['layers']} layers, hidden {r['hidden']}, {r['experts']} experts, "
-                       f"{r['bytes'] / 1e9:.2f} GB, layout {r['layout']}",
+                       f"{r['bytes'] / 1e9:.3g} GB, layout {r['layout']}",
     "env": lambda r: f"torch {r['versions']['torch']}, megatron-core {r['versions']['megatron-core']}, "
                      f"TE {r['versions']['transformer-engine']}, MindSpeed {r['versions']['mindspeed']}",
-    "dapo_update": lambda r: f"loss {r['loss']:.4f}, grad norm {r['grad_norm']:.4f}, "
-                             f"sync diff {r['received_vs_engine']}",
+    "dapo_update": lambda r: f"loss {r['loss']:.4f}, grad norm {r['grad_norm']:.4f}, sync diff "
+                             f"{r['received_vs_engine']}, {r['tokens_per_second']} tokens/s, {_peak(r)}",
 }
+
+
+def _peak(r: dict) -> str:
+    if "peak_device_gib" in r:
+        return f"peak {r['peak_device_gib']} GiB (planner {r['planner_peak_gib']}, ratio {r['measured_over_planned']})"
+    return f"peak RSS {r['peak_rss_mb']:.0f} MiB (no device counter; planner {r['planner_peak_gib']} GiB)"
 
 
 def markdown(report: dict) -> str:

@@ -108,7 +108,9 @@ def dist_world() -> int:
 def run(a) -> dict:
     import torch.distributed as dist
 
+    from mcore_dapo.devices import get_adapter
     from mcore_dapo.resharding import HFQwen3MoeReceiver
+    from mcore_dapo.runtime.launch import peak_rss_mb
     from mcore_dapo.verl_plugin.main_dapo import compose
     from mcore_dapo.verl_plugin.overrides import rewrite
     from transformers import AutoConfig
@@ -172,7 +174,8 @@ def run(a) -> dict:
                   "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype),
                   "update_seconds": round(t_update, 3), "tokens": tokens,
                   "tokens_per_second": round(tokens / t_update, 1),
-                  "remove_padding": a.remove_padding, **saved}
+                  "remove_padding": a.remove_padding, "peak_device_bytes": get_adapter().max_memory_allocated(),
+                  "peak_rss_mb": peak_rss_mb(), **saved}
     return result
 
 

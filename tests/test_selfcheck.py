@@ -1,0 +1,54 @@
+"""mcore-dapo selfcheck: the whole check on the CPU (tiny model, 2 processes), budgets, missing devices, bad input."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mcore_dapo.selfcheck import STEPS
+
+
+def selfcheck(*args):
+    return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", "selfcheck", *args, "--json"],
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.cpu_only
+def test_every_step_on_the_cpu(tmp_path):
+    p = selfcheck("--device", "cpu", "--nproc", "2", "--workdir", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-3000:]
+    report = json.loads(p.stdout)
+    steps = {s["name"]: s for s in report["steps"]}
+    assert list(steps) == list(STEPS) and report["ok"] and report["layout"] == "TP1 PP1 EP2 ETP1"
+    for name in ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "dapo_update"):
+        assert steps[name]["verdict"] == "pass", steps[name]
+    assert steps["megatron_vs_hf"]["result"]["max_abs_diff"] < 1e-4
+    assert steps["convert_roundtrip"]["result"]["bit_exact"] and steps["export"]["result"]["bit_exact"]
+    update = steps["dapo_update"]["result"]
+    assert update["received_vs_engine"] == 0.0 and update["tokens_per_second"] > 0 and update["planner_peak_gib"] > 0
+    assert steps["rollout_sync"]["verdict"] == "skipped" and "vllm" in steps["rollout_sync"]["reason"]
+    assert json.loads((tmp_path / "selfcheck.json").read_text())["steps"] == report["steps"]
+    assert "| megatron_vs_hf | pass |" in (tmp_path / "selfcheck.md").read_text()
+
+
+def test_a_budget_too_small_skips_steps_with_a_reason(tmp_path):
+    p = selfcheck("--device", "cpu", "--workdir", str(tmp_path), "--budget-s", "1")
+    assert p.returncode == 0, p.stderr[-2000:]
+    steps = json.loads(p.stdout)["steps"]
+    assert steps[0]["verdict"] == "pass"
+    assert all(s["verdict"] == "skipped" and s["reason"].startswith("budget:") for s in steps[1:])
+
+
+@pytest.mark.cpu_only
+def test_a_missing_device_is_skipped_not_failed(tmp_path):
+    p = selfcheck("--device", "cuda", "--workdir", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    steps = {s["name"]: s for s in json.loads(p.stdout)["steps"]}
+    assert steps["model"]["reason"] == "no cuda device on this machine"
+    assert all(s["verdict"] == "skipped" for n, s in steps.items() if n != "env")
+
+
+def test_bad_input_is_one_line(tmp_path):
+    p = selfcheck("--device", "cpu", "--nproc", "0", "--workdir", str(tmp_path))
+    assert p.returncode == 2 and p.stderr.strip() == "error: nproc=0 is not accepted: a positive integer is"
