@@ -96,18 +96,16 @@ FIELDS = ("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted
           "weight_bytes")
 
 
-def count_params(chunks) -> tuple[int, int]:
+def count_params(chunks, bridge: Bridge, info) -> tuple[int, int]:
     """(dense, expert) parameters of this rank's chunks, a shared parameter counted once."""
-    seen, dense, expert = set(), 0, 0
-    for c in chunks:
-        for name, p in c.named_parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                if ".mlp.experts." in name:
-                    expert += p.numel()
-                else:
-                    dense += p.numel()
-    return dense, expert
+    from mcore_dapo.runtime.model import local_params
+
+    seen, counts = set(), [0, 0]
+    for lp in local_params(chunks, bridge, info):
+        if id(lp.param) not in seen:
+            seen.add(id(lp.param))
+            counts[lp.resolved.mapping.per_expert] += lp.param.numel()
+    return counts[0], counts[1]
 
 
 def _allocated(adapter) -> int:
@@ -136,7 +134,7 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     before = _allocated(adapter)
     chunks = build_chunks(bridge, adapter, pl, dtype)
     weight_bytes = _allocated(adapter) - before if before >= 0 else -1
-    dense, expert = count_params(chunks)
+    dense, expert = count_params(chunks, bridge, info)
     pred = rank_params(bridge.cfg, pl, info.pp_rank)
     dev = adapter.device(int(os.environ.get("LOCAL_RANK", "0")))
     mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense,
