@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from mcore_dapo.bridge import Bridge, Layout, load_hf_config
-from mcore_dapo.bridge.mapping import Dims, gated_mlp, qkv, row, vocab
+from mcore_dapo.bridge.mapping import Dims, Mapping, gated_mlp, qkv, row, vocab
 from mcore_dapo.bridge.names import ExpertPlacement, canonical_name
 
 DIMS = Dims(num_attention_heads=8, num_query_groups=4, head_dim=3, vocab_size=10, padded_vocab_size=12)
@@ -201,4 +201,4 @@ def test_a_table_entry_declares_a_known_part_and_one_shape_per_hf_name():
     with pytest.raises(ValueError, match="part 'shared'"):
         row("x", "o", ("hidden", "ffn"), part="shared")
     with pytest.raises(ValueError, match="1 shapes for 2 HF names"):
-        gated_mlp("x", "g", "u", "ffn").__class__("x", ("g", "u"), (("ffn", "hidden"),))
+        Mapping("x", ("g", "u"), (("ffn", "hidden"),))
