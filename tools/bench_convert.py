@@ -34,15 +34,14 @@ def make_checkpoint(out: Path, layers: int, seed: int = 0) -> int:
     import torch
     from safetensors.torch import save_file
 
-    from mcore_dapo.bridge import parse_hf_config
-    from mcore_dapo.bridge.qwen3 import hf_shapes
+    from mcore_dapo.bridge import Bridge, parse_hf_config
 
     raw = json.loads((Path(__file__).resolve().parent.parent / "configs/models/qwen3-30b-a3b/config.json").read_text())
     raw["num_hidden_layers"] = layers
     raw["max_window_layers"] = layers
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(raw, indent=2))
-    shapes = hf_shapes(parse_hf_config(raw))
+    shapes = Bridge(parse_hf_config(raw)).hf_shapes()
     g = torch.Generator().manual_seed(seed)
     groups: dict[str, list[str]] = {}
     for name in shapes:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import cached_property
 
 from mcore_dapo.bridge.hf_config import HFModelConfig, load_hf_config
 from mcore_dapo.bridge.layout import Layout
-from mcore_dapo.bridge.mapping import Dims, Mapping
+from mcore_dapo.bridge.mapping import Dims, Mapping, pattern_rx
 from mcore_dapo.bridge.megatron_config import padded_vocab_size
-from mcore_dapo.bridge.qwen3 import qwen3_table
+from mcore_dapo.bridge.qwen3 import hf_sizes, qwen3_table
+
+# the parts of the table a layer has, by whether it is an MoE layer
+_LAYER_PARTS = {False: ("common", "dense_mlp"), True: ("common", "moe")}
 
 
 @dataclass(frozen=True)
@@ -20,11 +22,6 @@ class Resolved:
     hf: tuple[str, ...]  # concrete HF names
     layer: int | None
     expert: int | None
-
-
-def _compile(pattern: str) -> re.Pattern:
-    rx = re.escape(pattern).replace(r"\{L\}", r"(?P<L>\d+)").replace(r"\{E\}", r"(?P<E>\d+)")
-    return re.compile("^" + rx + "$")
 
 
 class Bridge:
@@ -40,16 +37,17 @@ class Bridge:
             vocab_size=cfg.vocab_size,
             padded_vocab_size=padded_vocab_size(cfg.vocab_size, layout.tp, make_vocab_size_divisible_by),
         )
-        self.table = qwen3_table(cfg.tie_word_embeddings)
-        self._megatron_rx = [(_compile(m.megatron), m) for m in self.table]
-        self._hf_rx = [(_compile(p), m, i) for m in self.table for i, p in enumerate(m.hf)]
+        self.table, self.copies = qwen3_table(cfg.tie_word_embeddings)
+        self._megatron_rx = [(pattern_rx(m.megatron), m) for m in self.table]
+        self._hf_rx = [(pattern_rx(p), m, i) for m in self.table for i, p in enumerate(m.hf)]
 
     @classmethod
     def from_hf(cls, path, layout: Layout = Layout(), **kw) -> "Bridge":
         return cls(load_hf_config(path), layout, **kw)
 
     def resolve(self, megatron_name: str) -> Resolved:
-        """Mapping and HF names for a canonical Megatron name; KeyError if unmapped."""
+        """Mapping and HF names for a canonical Megatron name (a copy: its original's); KeyError if unmapped."""
+        megatron_name = self.copies.get(megatron_name, megatron_name)
         for rx, m in self._megatron_rx:
             if mt := rx.match(megatron_name):
                 g = mt.groupdict()
@@ -70,32 +68,31 @@ class Bridge:
         raise KeyError(f"no Megatron mapping for HF tensor {hf_name!r}")
 
     def _layer_mappings(self, layer: int) -> list[Mapping]:
-        moe = self.cfg.is_moe_layer(layer)
-        out = []
-        for m in self.table:
-            if "{L}" not in m.megatron:
-                continue
-            is_expert_or_router = ".mlp.experts." in m.megatron or ".mlp.router." in m.megatron
-            is_dense_mlp = ".mlp.linear_fc" in m.megatron
-            if (is_expert_or_router and not moe) or (is_dense_mlp and moe):
-                continue
-            out.append(m)
-        return out
+        parts = _LAYER_PARTS[self.cfg.is_moe_layer(layer)]
+        return [m for m in self.table if m.per_layer and m.part in parts]
+
+    def _layer_resolved(self, layer: int) -> list[Resolved]:
+        """A layer's tensors, table order, an expert mapping's experts one after the other."""
+        return [self.resolve(m.megatron.format(L=layer, E=e)) for m in self._layer_mappings(layer)
+                for e in (range(self.cfg.num_experts) if m.per_expert else (None,))]
+
+    @cached_property
+    def _blocks(self) -> list[list[Resolved]]:
+        """The embedding, each layer, then the final norm (and output layer): every canonical tensor."""
+        outside = [self.resolve(m.megatron) for m in self.table if not m.per_layer]
+        return [outside[:1], *(self._layer_resolved(layer) for layer in range(self.cfg.num_layers)), outside[1:]]
 
     @cached_property
     def all_resolved(self) -> list[Resolved]:
-        """Every canonical Megatron tensor of the model, in HF checkpoint order."""
-        out: list[Resolved] = []
-        glob = [m for m in self.table if "{L}" not in m.megatron]
-        out.append(self.resolve(glob[0].megatron))  # embedding
-        for layer in range(self.cfg.num_layers):
-            for m in self._layer_mappings(layer):
-                if "{E}" in m.megatron:
-                    for e in range(self.cfg.num_experts):
-                        out.append(self.resolve(m.megatron.format(L=layer, E=e)))
-                else:
-                    out.append(self.resolve(m.megatron.format(L=layer)))
-        out.extend(self.resolve(m.megatron) for m in glob[1:])
+        """Every canonical Megatron tensor of the model, block by block (a layer's experts mapping by mapping)."""
+        return [r for block in self._blocks for r in block]
+
+    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every HF tensor with the shape the config implies, in checkpoint order (each expert's tensors together)."""
+        sizes, out = hf_sizes(self.cfg), {}
+        for block in self._blocks:
+            for r in sorted(block, key=lambda r: -1 if r.expert is None else r.expert):
+                out.update(zip(r.hf, r.mapping.hf_shapes(sizes)))
         return out
 
     def hf_names(self) -> list[str]:

@@ -9,13 +9,30 @@ Each kind knows both directions and its own tensor-parallel split:
 weights, ``"etp"`` for experts, ``None`` for replicated ones); process groups
 are never read from global state here, so the same code serves the converters,
 the rollout export and verification.
+
+Each entry also declares its HF shapes, in symbols the model's table defines
+(``"hidden"``, ``"ffn"``, ...), and the part of the model it belongs to:
+``"common"`` (every layer, and the tensors outside the layers), ``"dense_mlp"``
+(dense layers) or ``"moe"`` (MoE layers: router and experts).
+
+:class:`FusedExperts` relates an HF model's in-memory tensor that holds a layer's
+experts fused to the hub's per-expert tensors.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
+
+PARTS = ("common", "dense_mlp", "moe")
+
+
+def pattern_rx(pattern: str) -> re.Pattern:
+    """A name pattern with ``{L}`` (layer) / ``{E}`` (expert) placeholders as a regex with those groups."""
+    rx = re.escape(pattern).replace(r"\{L\}", r"(?P<L>\d+)").replace(r"\{E\}", r"(?P<E>\d+)")
+    return re.compile("^" + rx + "$")
 
 
 def _cat(tensors: list[torch.Tensor], dim: int) -> torch.Tensor:
@@ -38,8 +55,28 @@ class Dims:
 class Mapping:
     megatron: str  # canonical Megatron name pattern, with {L} (global layer) and {E} (global expert)
     hf: tuple[str, ...]  # HF name patterns, same placeholders
+    shapes: tuple[tuple[str, ...], ...]  # each HF tensor's shape, in the table's size symbols
     group: str | None = None  # "tp", "etp" or None (replicated)
     split_dim: int | None = None
+    part: str = "common"  # one of PARTS
+
+    def __post_init__(self):
+        if self.part not in PARTS or len(self.shapes) != len(self.hf):
+            raise ValueError(f"mapping {self.megatron}: part {self.part!r} (accepted: {PARTS}), "
+                             f"{len(self.shapes)} shapes for {len(self.hf)} HF names")
+
+    @property
+    def per_layer(self) -> bool:
+        return "{L}" in self.megatron
+
+    @property
+    def per_expert(self) -> bool:
+        """One tensor per expert (expert-parallel), as opposed to dense ones (the router among them)."""
+        return "{E}" in self.megatron
+
+    def hf_shapes(self, sizes: dict[str, int]) -> list[tuple[int, ...]]:
+        """The HF tensors' shapes, ``sizes`` giving each size symbol's value."""
+        return [tuple(sizes[d] for d in shape) for shape in self.shapes]
 
     def to_megatron(self, hf: list[torch.Tensor], rank: int, size: int, dims: Dims) -> torch.Tensor:
         (t,) = hf
@@ -61,16 +98,12 @@ class Mapping:
         return tuple(s)
 
 
-def replicated(megatron: str, hf: str) -> Mapping:
-    return Mapping(megatron, (hf,))
+def replicated(megatron: str, hf: str, shape: tuple[str, ...], part: str = "common") -> Mapping:
+    return Mapping(megatron, (hf,), (shape,), part=part)
 
 
-def column(megatron: str, hf: str, group: str = "tp") -> Mapping:
-    return Mapping(megatron, (hf,), group, 0)
-
-
-def row(megatron: str, hf: str, group: str = "tp") -> Mapping:
-    return Mapping(megatron, (hf,), group, 1)
+def row(megatron: str, hf: str, shape: tuple[str, ...], group: str = "tp", part: str = "common") -> Mapping:
+    return Mapping(megatron, (hf,), (shape,), group, 1, part)
 
 
 @dataclass(frozen=True)
@@ -93,7 +126,7 @@ class VocabMapping(Mapping):
 
 
 def vocab(megatron: str, hf: str) -> Mapping:
-    return VocabMapping(megatron, (hf,), "tp", 0)
+    return VocabMapping(megatron, (hf,), (("vocab", "hidden"),), "tp", 0)
 
 
 @dataclass(frozen=True)
@@ -135,7 +168,7 @@ class QKVMapping(Mapping):
 
 
 def qkv(megatron: str, q: str, k: str, v: str) -> Mapping:
-    return QKVMapping(megatron, (q, k, v), "tp", 0)
+    return QKVMapping(megatron, (q, k, v), (("q_dim", "hidden"), ("kv_dim", "hidden"), ("kv_dim", "hidden")), "tp", 0)
 
 
 @dataclass(frozen=True)
@@ -158,5 +191,24 @@ class GatedMLPMapping(Mapping):
         return (2 * hf_shapes[0][0] // size,) + tuple(hf_shapes[0][1:])
 
 
-def gated_mlp(megatron: str, gate: str, up: str, group: str = "tp") -> Mapping:
-    return GatedMLPMapping(megatron, (gate, up), group, 0)
+def gated_mlp(megatron: str, gate: str, up: str, width: str, group: str = "tp", part: str = "common") -> Mapping:
+    """``width``: the size symbol of the MLP's ffn width (gate and up are ``[width, hidden]``)."""
+    return GatedMLPMapping(megatron, (gate, up), ((width, "hidden"),) * 2, group, 0, part)
+
+
+@dataclass(frozen=True)
+class FusedExperts:
+    """An HF in-memory tensor holding one layer's experts fused, ``[E, rows, ...]``: expert ``e``'s
+    rows are its hub tensors ``hf`` (per-expert name patterns, ``{E}``) one after the other."""
+
+    name: str  # name pattern, with {L}
+    hf: tuple[str, ...]
+
+    def hub_slices(self, name: str, shape: tuple[int, ...]) -> dict[str, tuple] | None:
+        """Hub name -> index of that tensor in the fused tensor ``name`` of ``shape``; None for another name."""
+        m = pattern_rx(self.name).match(name)
+        if m is None:
+            return None
+        rows = shape[1] // len(self.hf)
+        return {p.format(**m.groupdict(), E=e): (e, slice(j * rows, (j + 1) * rows))
+                for e in range(shape[0]) for j, p in enumerate(self.hf)}

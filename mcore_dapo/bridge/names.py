@@ -22,12 +22,21 @@ from dataclasses import dataclass
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.*)$")
 _SEQ_EXPERT = re.compile(r"^mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12]\.weight)$")
 _TE_EXPERT = re.compile(r"^mlp\.experts\.(linear_fc[12])\.weight(\d+)$")
-_CANON_EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(linear_fc[12])\.weight$")
 
-_TE_FUSED = {
-    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-}
+# The norms the Transformer Engine spec fuses into the next linear, as a layer's
+# ``sharded_state_dict_keys_map`` writes them: own module prefix -> prefix inside the linear.
+# The pre-MLP norm is fused only in dense layers: an MoE layer has no ``linear_fc1``.
+_TE_FUSED_ATTENTION = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_"}
+_TE_FUSED_DENSE_MLP = {"pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_"}
+
+
+def te_fused_norms(moe_layer: bool) -> dict[str, str]:
+    """The TE spec's keys map of a layer (module prefix -> fused prefix)."""
+    return dict(_TE_FUSED_ATTENTION) if moe_layer else {**_TE_FUSED_ATTENTION, **_TE_FUSED_DENSE_MLP}
+
+
+# fused parameter (TE name) -> canonical norm
+_TE_FUSED = {fused + "weight": norm + "weight" for norm, fused in te_fused_norms(moe_layer=False).items()}
 
 
 @dataclass(frozen=True)

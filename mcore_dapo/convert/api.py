@@ -77,7 +77,6 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
 def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path | None = None,
              nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
     """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
-    from mcore_dapo.bridge.qwen3 import hf_shapes
     from mcore_dapo.io.hf_shards import finalize_shards
 
     mcore_path = Path(mcore_path)
@@ -100,7 +99,7 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
         mismatched = []
         if manifest is not None:
             mismatched = [k for k, v in manifest["checksums"].items() if r["checksums"].get(k) != v]
-        finalize_shards(partial, r["parts"], list(hf_shapes(bridge.cfg)))
+        finalize_shards(partial, r["parts"], list(bridge.hf_shapes()))
         copy_hf_side_files(config_dir, partial)
     return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
             "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge
-from mcore_dapo.bridge.qwen3 import hf_shapes
 from mcore_dapo.errors import UserError
 from mcore_dapo.io.hf_reader import HFReader
 
@@ -18,7 +17,7 @@ def check_hf_checkpoint(path: str | Path, bridge: Bridge) -> dict:
     path = Path(path)
     with HFReader(path) as reader:  # checks the index, the shards' presence and their sizes
         tensors = reader.tensors
-    for name, shape in hf_shapes(bridge.cfg).items():
+    for name, shape in bridge.hf_shapes().items():
         if name not in tensors:
             raise UserError(f"tensor {name!r} that config.json implies is missing from the checkpoint {str(path)!r}")
         if tensors[name].shape != shape:

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-# What the Transformer Engine spec writes in torch_dist checkpoints: the input norm
-# is fused into linear_qkv; for MoE layers the pre-MLP norm stays its own module,
-# for dense layers it is fused into linear_fc1.
-TE_KEYS_MAP_MOE = {"input_layernorm.": "self_attention.linear_qkv.layer_norm_"}
-TE_KEYS_MAP_DENSE = {
-    "input_layernorm.": "self_attention.linear_qkv.layer_norm_",
-    "pre_mlp_layernorm.": "mlp.linear_fc1.layer_norm_",
-}
+from mcore_dapo.bridge.names import te_fused_norms
 
 
 def is_moe_layer_spec(layer_spec) -> bool:
@@ -26,6 +19,5 @@ def te_compatible_keys(block_spec):
     keeps on Ascend) loads ``pre_mlp_layernorm.weight``.
     """
     for layer in block_spec.layer_specs:
-        keys = TE_KEYS_MAP_MOE if is_moe_layer_spec(layer) else TE_KEYS_MAP_DENSE
-        layer.submodules.sharded_state_dict_keys_map = dict(keys)
+        layer.submodules.sharded_state_dict_keys_map = te_fused_norms(is_moe_layer_spec(layer))
     return block_spec

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.bridge.qwen3 import hub_slices
 from mcore_dapo.runtime.launch import peak_rss_mb
 
 
@@ -37,28 +38,16 @@ def main(argv=None) -> int:
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()
     hf = AutoModelForCausalLM.from_pretrained(a.hf_path, dtype=torch.bfloat16)
-    # transformers 5 holds experts fused in memory; its save path gives back the hub names
-    state = {}
-    for name, t in hf.state_dict().items():
-        state[name] = t
-    experts = {}
-    for name in list(state):
-        if name.endswith("mlp.experts.gate_up_proj"):
-            prefix = name[: -len("gate_up_proj")]
-            gate, up = state[name].chunk(2, dim=1)
-            for e in range(gate.shape[0]):
-                experts[f"{prefix}{e}.gate_proj.weight"] = gate[e]
-                experts[f"{prefix}{e}.up_proj.weight"] = up[e]
-            for e, d in enumerate(state[prefix + "down_proj"]):
-                experts[f"{prefix}{e}.down_proj.weight"] = d
-    state.update(experts)
+    # transformers 5 holds experts fused in memory; the bridge gives back the hub names
+    state = {hub: t[index] for name, t in hf.state_dict().items()
+             for hub, index in hub_slices(name, tuple(t.shape)).items()}
     chunks, _ = build_model(bridge, adapter, dtype="bf16")
     with torch.no_grad():
         for lp in local_params(chunks, bridge, info):
             m = lp.resolved.mapping
             rank, size = info.group_rank(m.group)
             lp.param.data.copy_(m.to_megatron([state[h] for h in lp.resolved.hf], rank, size, bridge.dims))
-    del hf, state, experts
+    del hf, state
     save_dist_checkpoint(chunks, a.partial)
     if dist.get_rank() == 0:
         Path(a.out).write_text(json.dumps({"seconds": round(time.time() - t0, 3), "peak_rss_mb": peak_rss_mb()}))

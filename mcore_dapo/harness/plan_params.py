@@ -64,18 +64,16 @@ FIELDS = ("rank", "pp_rank", "tp_rank", "ep_rank", "dense", "expert", "predicted
           "weight_bytes")
 
 
-def count_params(chunks) -> tuple[int, int]:
+def count_params(chunks, bridge: Bridge, info) -> tuple[int, int]:
     """(dense, expert) parameters of this rank's chunks, a shared parameter counted once."""
-    seen, dense, expert = set(), 0, 0
-    for c in chunks:
-        for name, p in c.named_parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                if ".mlp.experts." in name:
-                    expert += p.numel()
-                else:
-                    dense += p.numel()
-    return dense, expert
+    from mcore_dapo.runtime.model import local_params
+
+    seen, counts = set(), [0, 0]
+    for lp in local_params(chunks, bridge, info):
+        if id(lp.param) not in seen:
+            seen.add(id(lp.param))
+            counts[lp.resolved.mapping.per_expert] += lp.param.numel()
+    return counts[0], counts[1]
 
 
 def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
@@ -94,7 +92,7 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     before = adapter.memory_allocated()
     chunks, _ = build_model(bridge, adapter, dtype=dtype, overrides=stage_overrides(pl))
     weight_bytes = -1 if before is None else adapter.memory_allocated() - before
-    dense, expert = count_params(chunks)
+    dense, expert = count_params(chunks, bridge, info)
     pred = rank_params(bridge.cfg, pl, info.pp_rank)
     mine = torch.tensor([info.rank, info.pp_rank, info.tp_rank, info.ep_rank, dense, expert, pred.dense,
                          pred.expert, weight_bytes], dtype=torch.long, device=adapter.local_device())

@@ -65,8 +65,6 @@ def local_params(chunks: list[torch.nn.Module], bridge: Bridge, info: ParallelIn
         layers = layer_map_of(chunk)
         for name, p in chunk.named_parameters():
             canon = canonical_name(name, layers, experts)
-            if canon == "output_layer.weight" and cfg.tie_word_embeddings:
-                canon = "embedding.word_embeddings.weight"  # tied copy on the last stage
             try:
                 resolved = bridge.resolve(canon)
             except KeyError:
