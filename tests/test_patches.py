@@ -2,10 +2,13 @@
 
 import subprocess
 import sys
+import types
 
+import pytest
 import torch
 
 from mcore_dapo.patching import load_implementations, registry
+from mcore_dapo.patching.patcher import Patcher
 
 
 def test_manifest_and_implementations_agree():
@@ -20,15 +23,80 @@ def test_version_gating(tmp_path):
     load_implementations()
     (tmp_path / "m.toml").write_text(
         '[[patch]]\nid = "cpu.megatron.rng-state"\npackage = "megatron-core"\nversions = ">=0.99"\n'
-        'target = "x"\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
+        'target = ["m:x"]\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
         '[[patch]]\nid = "cpu.megatron.moe-router-gemm"\npackage = "no-such-package"\nversions = ">=0"\n'
-        'target = "x"\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
+        'target = ["m:y"]\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
     )
     st = {s.id: s for s in registry.status("cpu", registry.load_manifest(tmp_path / "m.toml"))}
     assert not st["cpu.megatron.rng-state"].applies
     assert "outside >=0.99" in st["cpu.megatron.rng-state"].why_not
     assert st["cpu.megatron.moe-router-gemm"].why_not == "no-such-package is not installed"
     assert registry.status("cuda", registry.load_manifest(tmp_path / "m.toml")) == []
+
+
+def entry(pid: str, *targets: str, kind: str = "replace") -> str:
+    names = ", ".join(f'"{t}"' for t in targets)
+    return (f'[[patch]]\nid = "{pid}"\npackage = "torch"\nversions = ">=0"\ntarget = [{names}]\n'
+            f'kind = "{kind}"\ndevices = ["cpu"]\nreason = "r"\n')
+
+
+@pytest.mark.parametrize("first, second, message", [
+    (("a.b:f", "a.b:g"), ("a.b:g",), "patches one and two both target a.b:g"),
+    (("megatron.*:torch",), ("megatron.core.x:torch",), "both target megatron.*:torch and megatron.core.x:torch"),
+    (("a.b:C.__init__",), ("a.b:C.__init__",), "both target a.b:C.__init__"),
+])
+def test_manifest_refuses_two_patches_on_one_target(tmp_path, first, second, message):
+    (tmp_path / "m.toml").write_text(entry("one", *first) + entry("two", *second))
+    with pytest.raises(ValueError, match=message.replace("*", r"\*")):
+        registry.load_manifest(tmp_path / "m.toml")
+    (tmp_path / "m.toml").write_text(entry("one", "a.b:f, a.b:g"))
+    with pytest.raises(ValueError, match="target must list 'module:attribute' names"):
+        registry.load_manifest(tmp_path / "m.toml")
+
+
+@pytest.fixture
+def target_module(monkeypatch):
+    mod = types.ModuleType("patch_target")
+    exec("def f(x):\n    return x + 1\n\ndef g(x):\n    return x\n", mod.__dict__)
+    monkeypatch.setitem(sys.modules, "patch_target", mod)
+    return mod
+
+
+def spec(kind: str) -> registry.PatchSpec:
+    return registry.PatchSpec(id=f"test.{kind}", package="torch", versions=">=0", target=("patch_target:f",),
+                              kind=kind, devices=("cpu",), reason="r")
+
+
+def test_a_wrap_is_handed_the_original_and_must_call_it(target_module):
+    original = target_module.f
+    with pytest.raises(ValueError, match="declared 'wrap' but its patch_target:f does not call the original"):
+        Patcher(spec("wrap")).wrap(lambda orig: (lambda x: 0), "patch_target:f")
+    with pytest.raises(ValueError, match="declared 'wrap' in the manifest, its implementation does 'replace'"):
+        Patcher(spec("wrap")).replace(lambda x: 0, "patch_target:f")
+    with pytest.raises(ValueError, match=r"\['patch_target:g'\] is not among its manifest targets"):
+        Patcher(spec("wrap")).wrap(lambda orig: (lambda x: orig(x)), "patch_target:g")
+    assert target_module.f is original
+
+    patch = Patcher(spec("wrap"))
+    patch.wrap(lambda orig: (lambda x: 10 * orig(x)), "patch_target:f")
+    assert target_module.f(1) == 20 and target_module.f.__wrapped__ is original
+    patch.undo()
+    assert target_module.f is original
+
+
+def test_a_replace_is_not_handed_the_original_and_must_not_hold_it(target_module):
+    original = target_module.f
+    with pytest.raises(ValueError, match="declared 'replace' but its patch_target:f holds the original"):
+        Patcher(spec("replace")).replace(lambda x: original(x) * 10, "patch_target:f")
+    with pytest.raises(ValueError, match="declared 'replace' in the manifest, its implementation does 'wrap'"):
+        Patcher(spec("replace")).wrap(lambda orig: (lambda x: orig(x)), "patch_target:f")
+    assert target_module.f is original
+
+    patch = Patcher(spec("replace"))
+    patch.replace(lambda x: -x, "patch_target:f")
+    assert target_module.f(3) == -3 and not hasattr(target_module.f, "__wrapped__")
+    patch.undo()
+    assert target_module.f is original
 
 
 APPLY_AND_UNDO = r"""
@@ -76,3 +144,41 @@ def test_hf_reference_is_not_disturbed_by_the_cpu_patches(tiny_moe, tiny_moe_ref
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.strip().splitlines()[-1]) == 0.0
     assert torch.load(tiny_moe_ref)["logits"].abs().max() > 0.1  # the reference itself is not trivial
+
+
+VERL_PROCESS_GROUP = r"""
+import os, sys
+from mcore_dapo.patching import load_implementations, registry
+load_implementations()
+registry.apply("cpu", package="verl")  # before verl is imported: installed when verl.utils.distributed executes
+assert registry.applied_ids() == ["verl.cpu.process-group"], registry.applied_ids()
+from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
+import verl.utils.distributed as vd
+from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
+assert {s.versions for s in registry.load_manifest().values() if s.package == "verl"} == {SUPPORTED_VERL}
+assert [verl_version_ok(v) for v in ("0.9.0", "0.9.1", "0.9.2.dev0", "0.10.0rc1", "0.10.0")] == [
+    False, True, True, False, False]
+original = vd.initialize_global_process_group_ray.__wrapped__
+assert initialize_global_process_group_ray is vd.initialize_global_process_group_ray is not original
+assert vd.initialize_global_process_group.__wrapped__.__module__ == "verl.utils.distributed"
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+initialize_global_process_group_ray(timeout_second=None)  # verl's own backend string fails on the CPU
+import torch.distributed as dist
+print(dist.get_backend())
+registry.remove_all()
+assert vd.initialize_global_process_group_ray is original and initialize_global_process_group_ray is original
+assert not hasattr(vd.initialize_global_process_group, "__wrapped__")
+"""
+
+
+def test_verl_process_group_patch_is_applied_before_verl_is_imported_and_undone():
+    pytest.importorskip("verl")
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = subprocess.run([sys.executable, "-c", VERL_PROCESS_GROUP, str(port)], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "gloo"

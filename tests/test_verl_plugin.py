@@ -81,10 +81,11 @@ def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
             "from verl.utils.device import get_device_name, get_nccl_backend, get_torch_device, get_resource_name; "
             "from verl.workers.rollout import get_rollout_class; "
             "from verl.workers.rollout.replica import get_rollout_replica_class; "
-            "import verl.utils.distributed as vd; "
+            "import verl.utils.distributed as vd; from mcore_dapo.patching import applied_ids; "
             "print(get_device_name(), get_nccl_backend(), get_resource_name(), get_torch_device().current_device(), "
             "get_rollout_class('hf_cpu', 'async').__name__, get_rollout_replica_class('hf_cpu').__name__, "
-            "vd.initialize_global_process_group_ray._mcore_dapo)")
+            "'verl.cpu.process-group' in applied_ids() "
+            "and hasattr(vd.initialize_global_process_group_ray, '__wrapped__'))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["cpu", "gloo", "GPU", "cpu", "CpuServerAdapter", "CpuRolloutReplica", "True"]

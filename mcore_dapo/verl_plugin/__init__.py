@@ -4,12 +4,14 @@ verl imports this module (entry point group ``verl.plugins``) at ``import verl``
 It does light work only, and never imports Megatron (MindSpeed must come first on Ascend):
 
 * checks verl's version against :data:`SUPPORTED_VERL` (a warning here; the
-  checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error);
+  checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error; the
+  manifest's verl patches carry the same range);
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
 * registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`.platform_cpu`),
-  chosen by verl only when torch is a CPU build and no accelerator answers;
+  chosen by verl only when torch is a CPU build and no accelerator answers, and applies the
+  patch registry's verl patches for it;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
   engine package is imported (:mod:`.engine`);
 * registers the ``hf_cpu`` rollout (replica + worker adapter) once verl's rollout package is
@@ -23,16 +25,15 @@ from __future__ import annotations
 import logging
 import sys
 
-SUPPORTED_VERL = (">=0.9.1", "<0.10")
+SUPPORTED_VERL = ">=0.9.1,<0.10"  # a version specifier set; patches/manifest.toml's verl entries agree
 
 log = logging.getLogger(__name__)
 
 
 def verl_version_ok(version: str) -> bool:
-    from packaging.version import Version
+    from mcore_dapo.patching.registry import version_in
 
-    v = Version(version)
-    return Version("0.9.1") <= v < Version("0.10")
+    return version_in(version, SUPPORTED_VERL)
 
 
 def _on_import() -> None:
@@ -41,15 +42,15 @@ def _on_import() -> None:
     except ImportError:
         return
     if not verl_version_ok(getattr(verl, "__version__", "0")):
-        log.warning("mcore_dapo.verl_plugin supports verl %s, found %s: plugin not enabled",
-                    ",".join(SUPPORTED_VERL), verl.__version__)
+        log.warning("mcore_dapo.verl_plugin supports verl%s, found %s: plugin not enabled",
+                    SUPPORTED_VERL, verl.__version__)
         return
     from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
 
     rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
+    from mcore_dapo.patching.import_hooks import after_import
     from mcore_dapo.verl_plugin import platform_cpu, rollout_cpu
     from mcore_dapo.verl_plugin.engine import register_when_imported
-    from mcore_dapo.verl_plugin.hooks import after_import
 
     platform_cpu.register()
     register_when_imported()

@@ -16,7 +16,7 @@ def check_verl_version(version: str) -> None:
     from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
 
     if not verl_version_ok(version):
-        raise UserError(f"verl {version} is not supported by mcore_dapo.verl_plugin: supported is verl{','.join(SUPPORTED_VERL)}")
+        raise UserError(f"verl {version} is not supported by mcore_dapo.verl_plugin: supported is verl{SUPPORTED_VERL}")
 
 
 def check_architecture(model_dir) -> object:

@@ -51,7 +51,7 @@ def register() -> None:
 
 
 def register_when_imported() -> None:
-    from mcore_dapo.verl_plugin.hooks import after_import
+    from mcore_dapo.patching.import_hooks import after_import
 
     after_import(ENGINE_PACKAGE, register)
 

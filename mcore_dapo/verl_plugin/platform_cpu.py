@@ -12,7 +12,6 @@ answer from the process (``max_memory_allocated`` is the peak RSS); stream and I
 from __future__ import annotations
 
 import contextlib
-import os
 import types
 
 import torch
@@ -171,12 +170,16 @@ def platform_class():
 
 
 def register() -> None:
-    """Add the ``cpu`` platform to verl's registry (after verl's own, so it is probed last)."""
+    """Add the ``cpu`` platform to verl's registry (after verl's own, so it is probed last), and apply
+    the registry's verl patches for it (``verl.cpu.process-group``: they act on this platform only)."""
     from verl.plugin.platform.platform_manager import PlatformRegistry
+
+    from mcore_dapo.patching import apply, load_implementations
 
     if PlatformRegistry.get(NAME) is None:
         PlatformRegistry.register(platform=NAME)(platform_class())
-    _patch_process_group_init()
+    load_implementations()
+    apply(NAME, package="verl")
 
 
 def on_cpu() -> bool:
@@ -185,37 +188,3 @@ def on_cpu() -> bool:
 
     return get_device_name() == NAME
 
-
-def _patch_process_group_init() -> None:
-    """verl builds the backend string ``cpu:gloo,{device}:{backend}``, which torch refuses when the
-    device is the CPU (``cpu`` twice). On the ``cpu`` platform the backend is plain ``gloo``; on
-    other platforms verl's functions run unchanged. Applied before verl's workers import them."""
-    import functools
-
-    import verl.utils.distributed as vd
-
-    if getattr(vd.initialize_global_process_group_ray, "_mcore_dapo", False):
-        return
-    ray_init, plain_init = vd.initialize_global_process_group_ray, vd.initialize_global_process_group
-
-    @functools.wraps(ray_init)
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        if backend is None and on_cpu():
-            backend = "gloo"
-        return ray_init(timeout_second=timeout_second, backend=backend)
-
-    @functools.wraps(plain_init)
-    def initialize_global_process_group(timeout_second=36000):
-        import torch.distributed as dist
-
-        if on_cpu() and not dist.is_initialized():
-            from datetime import timedelta
-
-            dist.init_process_group(backend="gloo", timeout=timedelta(seconds=timeout_second),
-                                    init_method=os.environ.get("DIST_INIT_METHOD", None))
-        return plain_init(timeout_second) if not on_cpu() else (
-            int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
-
-    initialize_global_process_group_ray._mcore_dapo = True
-    vd.initialize_global_process_group_ray = initialize_global_process_group_ray
-    vd.initialize_global_process_group = initialize_global_process_group

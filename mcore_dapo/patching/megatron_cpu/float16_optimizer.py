@@ -1,0 +1,33 @@
+"""``cpu.megatron.float16-optimizer-param-types``: during the bf16/fp16 optimizer's ``__init__`` only,
+CPU parameters answer ``type()`` with the ``torch.cuda.*`` name of their dtype."""
+
+from __future__ import annotations
+
+import torch
+
+from mcore_dapo.patching.patcher import Patcher
+from mcore_dapo.patching.registry import implements
+
+
+def _cuda_type_name(param) -> str:
+    name = torch.Tensor.type(param)
+    return name.replace("torch.", "torch.cuda.", 1) if param.device.type == "cpu" else name
+
+
+def _cuda_typed_params(original):
+    def __init__(self, optimizer, *args, **kwargs):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        for p in params:  # seen as torch.cuda.* by the type check in __init__ only
+            p.type = _cuda_type_name.__get__(p)
+        try:
+            original(self, optimizer, *args, **kwargs)
+        finally:
+            for p in params:
+                del p.type
+
+    return __init__
+
+
+@implements("cpu.megatron.float16-optimizer-param-types")
+def _float16_optimizer_param_types(patch: Patcher) -> None:
+    patch.wrap(_cuda_typed_params, "megatron.core.optimizer.optimizer:Float16OptimizerWithFloat16Params.__init__")
