@@ -29,7 +29,7 @@ def test_env_json_lists_versions_and_patches():
 def test_env_for_another_device_lists_its_patches():
     out = cli("env", "--json", "--device", "cuda")
     # only the router fix for a CUDA node without Transformer Engine (left alone where TE defines the gemm)
-    assert out.returncode == 0 and [p["id"] for p in json.loads(out.stdout)["patches"]] == ["cpu.megatron.moe-router-gemm"]
+    assert out.returncode == 0 and [p["id"] for p in json.loads(out.stdout)["patches"]] == ["megatron.router-gemm-without-te"]
 
 
 @pytest.mark.parametrize("args,message", [

@@ -24,13 +24,13 @@ def test_version_gating(tmp_path):
     (tmp_path / "m.toml").write_text(
         '[[patch]]\nid = "cpu.megatron.rng-state"\npackage = "megatron-core"\nversions = ">=0.99"\n'
         'target = ["m:x"]\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
-        '[[patch]]\nid = "cpu.megatron.moe-router-gemm"\npackage = "no-such-package"\nversions = ">=0"\n'
+        '[[patch]]\nid = "megatron.router-gemm-without-te"\npackage = "no-such-package"\nversions = ">=0"\n'
         'target = ["m:y"]\nkind = "replace"\ndevices = ["cpu"]\nreason = "r"\n'
     )
     st = {s.id: s for s in registry.status("cpu", registry.load_manifest(tmp_path / "m.toml"))}
     assert not st["cpu.megatron.rng-state"].applies
     assert "outside >=0.99" in st["cpu.megatron.rng-state"].why_not
-    assert st["cpu.megatron.moe-router-gemm"].why_not == "no-such-package is not installed"
+    assert st["megatron.router-gemm-without-te"].why_not == "no-such-package is not installed"
     assert registry.status("cuda", registry.load_manifest(tmp_path / "m.toml")) == []
 
 

@@ -1,4 +1,4 @@
-"""``cpu.megatron.moe-router-gemm``: without Transformer Engine, ``te_general_gemm`` is defined as None
+"""``megatron.router-gemm-without-te``: without Transformer Engine, ``te_general_gemm`` is defined as None
 (Megatron's own matmul path in the router's gating linear)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from mcore_dapo.patching.patcher import Patcher
 from mcore_dapo.patching.registry import implements
 
 
-@implements("cpu.megatron.moe-router-gemm")
+@implements("megatron.router-gemm-without-te")
 def _router_gemm(patch: Patcher) -> None:
     from megatron.core.transformer.moe import moe_utils
 
