@@ -78,17 +78,65 @@ def test_checkpoint_written_under_one_layout_loads_under_others(tiny_moe, tmp_pa
         r = verify(tiny_moe, tmp_path / "mcore", layout)
         assert r["passed"], r
         assert r["max_abs_diff"] < 1e-4 and r["checksum_mismatches"] == 0
+        assert r["key_layout"] == "stacked"
 
 
 def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(tiny_moe, tmp_path):
-    from torch.distributed.checkpoint import FileSystemReader
+    from megatron.core.dist_checkpointing import load_content_metadata
 
-    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
-    keys = set(FileSystemReader(str(tmp_path / "mcore")).read_metadata().state_dict_metadata)
-    assert "decoder.layers.0.pre_mlp_layernorm.weight" in keys
-    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in keys
+    from mcore_dapo.io.dist_ckpt import checkpoint_keys
+
+    m = hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    keys = checkpoint_keys(tmp_path / "mcore")
+    # every layer MoE: stacked under one key with a layer axis, as moe_layer_freq=1 models load them
+    assert m["key_layout"] == "stacked" and not any(k.startswith("decoder.layers.0.") for k in keys)
+    assert keys["decoder.layers.pre_mlp_layernorm.weight"] == (4, 64)
+    assert keys["decoder.layers.self_attention.linear_qkv.layer_norm_weight"] == (4, 64)
     assert not any("mlp.linear_fc1.layer_norm" in k for k in keys)
-    assert "decoder.layers.0.mlp.experts.experts.linear_fc1.weight" in keys
+    assert keys["decoder.layers.mlp.experts.experts.linear_fc1.weight"] == (4, 8, 64, 64)
+    assert load_content_metadata(str(tmp_path / "mcore")) is None
+
+
+def test_mixed_dense_and_moe_layers_round_trip_per_layer(tmp_path):
+    from megatron.core.dist_checkpointing import load_content_metadata
+
+    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo.io.dist_ckpt import checkpoint_keys
+
+    mixed = make_tiny_model(tmp_path / "mixed", seed=5, mlp_only_layers=[0, 2])
+    m = hf2mcore(mixed, tmp_path / "mcore", Layout(tp=2, ep=2), progress=False)
+    # what Megatron writes for a list moe_layer_freq, recorded for Megatron-LM's loaders
+    assert m["key_layout"] == "per-layer"
+    assert load_content_metadata(str(tmp_path / "mcore")) == {"non_homogeneous_layers": True}
+    keys = checkpoint_keys(tmp_path / "mcore")
+    assert "decoder.layers.0.mlp.linear_fc1.layer_norm_weight" in keys  # dense: norm fused as in TE
+    assert "decoder.layers.1.pre_mlp_layernorm.weight" in keys
+    r = mcore2hf(tmp_path / "mcore", tmp_path / "hf", nproc=2, progress=False)
+    assert r["key_layout"] == "per-layer" and r["checksum_mismatches"] == []
+    assert_bit_exact(mixed, tmp_path / "hf")
+    v = verify(mixed, tmp_path / "mcore", Layout(pp=2, ep=2))
+    assert v["passed"] and v["key_layout"] == "per-layer" and v["max_abs_diff"] < 1e-4, v
+
+
+@pytest.mark.parametrize("source,message", [
+    ({"num_hidden_layers": 3},
+     "(4 layers, stacked keys expected): key 'decoder.layers.self_attention.linear_qkv.layer_norm_weight' "
+     "has shape [3, 64] in the checkpoint, [4, 64] in the model"),
+    ({"model_type": "qwen3"}, "(4 layers, stacked keys expected): key 'decoder.layers.pre_mlp_layernorm.weight' "
+                              "is missing"),
+], ids=["layer-count", "dense-keys"])
+def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(tiny_moe, tmp_path, source,
+                                                                                message):
+    from mcore_dapo.harness.tiny import make_tiny_model
+
+    other = make_tiny_model(tmp_path / "other", seed=2, **source)
+    hf2mcore(other, tmp_path / "mcore", Layout(ep=1), progress=False)
+    r = _cli("mcore2hf", "--mcore-path", tmp_path / "mcore", "--hf-config", tiny_moe, "--out", tmp_path / "hf",
+             "--nproc", "2")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == f"error: torch_dist checkpoint '{tmp_path / 'mcore'}' does not fit the model " \
+        + message, r.stderr
+    assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.partial*"))
 
 
 def test_verify_fails_on_a_different_checkpoint(tiny_moe, tmp_path):

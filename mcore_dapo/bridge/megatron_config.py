@@ -32,8 +32,13 @@ def padded_vocab_size(vocab: int, tp: int, divisible_by: int | None = None) -> i
     return ((vocab + multiple - 1) // multiple) * multiple
 
 
-def moe_layer_pattern(cfg: HFModelConfig) -> list[int]:
-    return [1 if cfg.is_moe_layer(i) else 0 for i in range(cfg.num_layers)]
+def moe_layer_pattern(cfg: HFModelConfig) -> int | list[int]:
+    """Megatron's ``moe_layer_freq``: ``1`` when every layer is MoE, as standard configurations of the
+    model (Megatron-LM, verl, MindSpeed-LLM) set it, so that torch_dist checkpoints stack the layers
+    under one key; a per-layer list only for a model that mixes dense and MoE layers (Megatron then
+    writes one key per layer)."""
+    pattern = [1 if cfg.is_moe_layer(i) else 0 for i in range(cfg.num_layers)]
+    return 1 if all(pattern) else pattern
 
 
 def transformer_config_kwargs(

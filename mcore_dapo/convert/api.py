@@ -66,6 +66,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
             "dtype": r["dtype"],
             "model_type": bridge.cfg.model_type,
             "tensor_count": r["tensors"],
+            "key_layout": r["key_layout"],
             "checksums": r["checksums"],
             "seconds": r["seconds"],
             "peak_rss_mb": r["peak_rss_mb"],
@@ -77,6 +78,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
 def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path | None = None,
              nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
     """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
+    from mcore_dapo.io.dist_ckpt import checkpoint_dtype
     from mcore_dapo.io.hf_shards import finalize_shards
 
     mcore_path = Path(mcore_path)
@@ -85,7 +87,8 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
         manifest = output.read_manifest(mcore_path)
     config_dir = Path(hf_config) if hf_config else mcore_path / output.HF_CONFIG_DIR
     bridge = Bridge.from_hf(config_dir)
-    dtype = dtype or (manifest or {}).get("dtype", "bf16")
+    # a checkpoint written by another tool (no manifest) is read in the dtype it holds
+    dtype = dtype or (manifest["dtype"] if manifest else checkpoint_dtype(mcore_path))
     out = output.check_output(out, overwrite)
     if nproc < 1:
         raise UserError(f"nproc={nproc} is not accepted: a positive integer is")
@@ -102,5 +105,6 @@ def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path |
         finalize_shards(partial, r["parts"], list(bridge.hf_shapes()))
         copy_hf_side_files(config_dir, partial)
     return {"tensors": len(r["checksums"]), "bytes": r["bytes_written"], "layout_read": r["layout"],
+            "key_layout": r["key_layout"],
             "seconds": r["seconds"], "peak_rss_mb": r["peak_rss_mb"],
             "checked_against_manifest": manifest is not None, "checksum_mismatches": mismatched}

@@ -4,7 +4,9 @@ Each process builds only its shard of the model (``perform_initialization=False`
 only the HF tensors of that shard, lazily, from the safetensors files; the HF model is never
 built. Megatron's ``dist_checkpointing.save`` then writes the torch_dist format, whose keys
 carry the global layer and expert axes, so the checkpoint is independent of the layout that
-wrote it. Run standalone (``mcore-convert hf2mcore --nproc N`` starts the processes) or under
+wrote it. Decoder layers are stacked under one key per tensor (a layer axis) when every layer is
+alike, as standard Megatron/verl/MindSpeed configurations load them, and keyed per layer for a model
+that mixes dense and MoE layers (see :mod:`mcore_dapo.io.dist_ckpt`). Run standalone (``mcore-convert hf2mcore --nproc N`` starts the processes) or under
 torchrun (``torchrun --nproc-per-node N -m mcore_dapo.convert.hf2mcore ...``).
 """
 
@@ -86,10 +88,11 @@ def run(a) -> dict:
     reader.close()
     bar.close()
     t_read = time.time() - t0
-    save_dist_checkpoint(chunks, partial)
+    key_layout = save_dist_checkpoint(chunks, partial)
     gathered = [None] * info.world_size
     dist.all_gather_object(gathered, {"sums": sums, "read_bytes": read_bytes, "peak_rss_mb": peak_rss_mb()})
-    result = {"seconds_read": round(t_read, 3), "seconds": round(time.time() - t0, 3), "dtype": dtype}
+    result = {"seconds_read": round(t_read, 3), "seconds": round(time.time() - t0, 3), "dtype": dtype,
+              "key_layout": key_layout}
     if info.rank == 0:
         all_sums = {}
         for g in gathered:

@@ -2,7 +2,7 @@
 
 N processes load the checkpoint with Megatron's ``dist_checkpointing`` under TP1/PP1/EP
 (EP as large as divides both N and the experts), so each holds 1/N of the experts and no
-tensor needs a gather. Each process writes the HF tensors it owns (its experts; a
+tensor needs a gather; the checkpoint's decoder keys may be stacked or per layer. Each process writes the HF tensors it owns (its experts; a
 round-robin share of the replicated ones) through the bridge's ``to_hf``; rank 0 names the
 shards ``model-0000i-of-0000n.safetensors`` and writes the index.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.runtime.launch import peak_rss_mb
 from mcore_dapo.io import output
-from mcore_dapo.io.hf_shards import SHARD_BYTES
+from mcore_dapo.io.hf_shards import SHARD_BYTES, ShardWriter
 
 
 def export_layout(num_experts: int, nproc: int) -> Layout:
@@ -60,7 +60,6 @@ def run(a) -> dict:
     from tqdm import tqdm
 
     from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
-    from mcore_dapo.io.hf_shards import ShardWriter
     from mcore_dapo.runtime.model import build_model
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
@@ -72,7 +71,7 @@ def run(a) -> dict:
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()
     chunks, _ = build_model(bridge, adapter, dtype=a.dtype)
-    load_dist_checkpoint(chunks, a.mcore_path)
+    key_layout = load_dist_checkpoint(chunks, a.mcore_path)
     t_load = time.time() - t0
     writer, sums = ShardWriter(Path(a.partial), a.shard_bytes, prefix=f"rank{info.rank:05d}"), {}
     owned = _owned(chunks, bridge, info)
@@ -94,16 +93,17 @@ def run(a) -> dict:
         result.update(parts=[f for g in gathered for f in g["files"]],
                       checksums={k: v for g in gathered for k, v in g["sums"].items()},
                       bytes_written=sum(g["bytes"] for g in gathered), layout=layout.describe(),
+                      key_layout=key_layout,
                       peak_rss_mb=[g["peak_rss_mb"] for g in gathered])
     dist.barrier()
     return result
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.launch import finish_worker
+    from mcore_dapo.runtime.launch import finish_worker, worker_result
 
     a = parse_args(argv)
-    return finish_worker(run(a), a.out)
+    return finish_worker(worker_result(run, a), a.out)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
         problems.append(f"top-1 agreement {r['top1_agreement']:.3f} is below {top1_tol} for {dtype}")
     return {
         "hf_path": str(hf_path), "mcore_path": str(mcore_path), "layout": layout.describe(), "nproc": n,
-        "dtype": dtype, "tensors_checked": 0 if not checksums else len(manifest["checksums"]),
+        "dtype": dtype, "key_layout": r["key_layout"], "tensors_checked": 0 if not checksums else len(manifest["checksums"]),
         "checksum_mismatches": len(bad), "max_abs_diff": r["max_abs_diff"], "mean_abs_diff": r["mean_abs_diff"],
         "top1_agreement": r["top1_agreement"], "tolerance": {"max_abs_diff": max_tol, "top1": top1_tol},
         "problems": problems, "passed": not problems,

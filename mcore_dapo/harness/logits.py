@@ -64,10 +64,11 @@ def run(a) -> dict:
     info = parallel_info()
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
                              make_vocab_size_divisible_by=a.vocab_divisible_by)
+    key_layout = None
     if a.mcore_path:
         from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
 
-        load_dist_checkpoint(chunks, a.mcore_path)
+        key_layout = load_dist_checkpoint(chunks, a.mcore_path)
         loaded = sum(1 for c in chunks for _ in c.parameters())
     else:
         with HFReader(a.hf_path) as reader:
@@ -93,6 +94,7 @@ def run(a) -> dict:
         "dispatcher": a.dispatcher,
         "device": adapter.name,
         "tensors_loaded_rank0": loaded,
+        "key_layout": key_layout,
         "params_rank0": sum(p.numel() for c in chunks for p in c.parameters()),
         "max_abs_diff": stat[0],
         "mean_abs_diff": stat[1],
@@ -117,10 +119,10 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.launch import finish_worker
+    from mcore_dapo.runtime.launch import finish_worker, worker_result
 
     a = parse_args(argv)
-    return finish_worker(run(a), a.out)
+    return finish_worker(worker_result(run, a), a.out)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mcore_dapo.errors import UserError
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -26,6 +28,9 @@ def peak_rss_mb() -> float:
 
 class LaunchError(RuntimeError):
     pass
+
+
+USER_ERROR = "user_error"
 
 
 def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None = 600, env: dict | None = None,
@@ -47,7 +52,19 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
         if proc.returncode != 0 or not out.is_file():
             tail = "" if stream else "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
             raise LaunchError(f"{module} {' '.join(args)} failed with exit code {proc.returncode}:\n{tail}")
-        return json.loads(out.read_text())
+        result = json.loads(out.read_text())
+    if isinstance(result, dict) and USER_ERROR in result:
+        raise UserError(result[USER_ERROR])
+    return result
+
+
+def worker_result(run, a) -> dict:
+    """``run(a)``, or the :class:`UserError` it raised (alike on every rank) as ``{"user_error": ...}``,
+    which :func:`torchrun` raises again in the caller: one line, not a worker's traceback."""
+    try:
+        return run(a)
+    except UserError as e:
+        return {USER_ERROR: str(e)}
 
 
 def finish_worker(result: dict | None, out: str | None) -> int:

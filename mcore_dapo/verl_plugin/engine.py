@@ -177,9 +177,13 @@ def _build_megatron_module(engine):
     chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
                              aux_loss_coeff=0.0, overrides=engine.mcore_overrides)
     if engine.engine_config.use_dist_checkpointing:
+        import logging
+
         from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
 
-        load_dist_checkpoint(chunks, engine.engine_config.dist_checkpointing_path)
+        path = engine.engine_config.dist_checkpointing_path
+        logging.getLogger(__name__).info("loaded torch_dist checkpoint %s (%s decoder keys)", path,
+                                         load_dist_checkpoint(chunks, path))
     else:
         engine.bridge.load_weights(chunks, engine.model_config.local_path)
     engine.tf_config = tf
