@@ -119,10 +119,9 @@ def run(a) -> dict:
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.launch import finish_worker, worker_result
+    from mcore_dapo.runtime.launch import worker_main
 
-    a = parse_args(argv)
-    return finish_worker(worker_result(run, a), a.out)
+    return worker_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -204,10 +204,9 @@ def render(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.runtime.launch import finish_worker
+    from mcore_dapo.runtime.launch import worker_main
 
-    a = parse_args(argv)
-    return finish_worker(run(a), a.out)
+    return worker_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,12 @@ def worker_result(run, a) -> dict:
         return {USER_ERROR: str(e)}
 
 
+def worker_main(parse_args, run, argv=None) -> int:
+    """A torchrun worker's ``main``: parse, run (a UserError becomes the one-line result), finish."""
+    a = parse_args(argv)
+    return finish_worker(worker_result(run, a), a.out)
+
+
 def finish_worker(result: dict | None, out: str | None) -> int:
     """End of a torchrun worker: rank 0 writes ``result`` as JSON to ``out`` (stdout when None);
     then the process groups are shut down. The other half of :func:`torchrun`."""
