@@ -108,9 +108,7 @@ class SelfCheck:
 
         self._device_present()
         model, ref = self.work / "model", self.work / "reference.pt"
-        if self.accelerator:
-            if not (self.config / "config.json").is_file() and not self.config.is_file():
-                raise UserError(f"--config {str(self.config)!r} has no config.json: pass the real model's config")
+        if self.accelerator:  # a config that is missing is config_path's one-line error
             make_truncated_model(model, self.config, self.layers)
         else:
             make_tiny_model(model, seed=0)
