@@ -116,8 +116,12 @@ class NpuAdapter(DeviceAdapter):
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is
         # what builds (and its checkpoint keys are what verl's Ascend path expects).
+        # megatron-core 0.12.1 (MindSpeed's maintained line) has no vp_stage/pp_rank arguments here:
+        # it reads the pipeline position from parallel_state.
+        import inspect
+
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-        return get_gpt_decoder_block_spec(
-            config, use_transformer_engine=True, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
-        )
+        accepted = inspect.signature(get_gpt_decoder_block_spec).parameters
+        position = {k: v for k, v in (("vp_stage", vp_stage), ("pp_rank", pp_rank)) if k in accepted}
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm", **position)
