@@ -61,6 +61,13 @@ def collect(device: str | None = None) -> dict:
         }
         for st in adapter.patch_status()
     ]
+    stack = [
+        {"name": r.name, "accepted": list(r.accepted), "installed": r.installed() or "absent", "source": r.source,
+         "install": r.install}
+        for r in adapter.expected_stack()
+    ]
+    for item, r in zip(stack, adapter.expected_stack()):
+        item["ok"] = r.ok(None if item["installed"] == "absent" else item["installed"])
     return {
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
@@ -69,6 +76,9 @@ def collect(device: str | None = None) -> dict:
         "communication_backend": adapter.backend,
         "versions": versions,
         "patches": patches,
+        "stack": stack,
+        "missing": [f"{i['name']} {' or '.join(i['accepted'])} (installed: {i['installed']}): {i['install']}"
+                    for i in stack if not i["ok"]],
     }
 
 
@@ -86,4 +96,14 @@ def render(info: dict) -> str:
     for p in info["patches"]:
         state = "applies" if p["applies"] else f"does not apply: {p['why_not']}"
         lines.append(f"  {p['id']:42s} {p['package']} {p['versions']:14s} {state}")
+    if info.get("stack"):
+        lines += ["", f"the {info['device']} recipe's stack (docs/ASCEND.md):"]
+        for i in info["stack"]:
+            state = "ok" if i["ok"] else "MISSING"
+            lines.append(f"  {i['name']:20s} {' or '.join(i['accepted']):18s} installed {i['installed']:14s} {state}")
+        if info["missing"]:
+            lines += ["", f"missing for {info['device']} ({len(info['missing'])}):"]
+            lines += [f"  {m}" for m in info["missing"]]
+        else:
+            lines += ["", f"nothing missing for {info['device']}"]
     return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""The A2 recipe's stack (docs/ASCEND.md) as `mcore-dapo env --device npu` reports it, and the one-line
+refusal of verl versions the plugin cannot serve (verl 0.6.x's Megatron path is not the engine API)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from mcore_dapo.devices import get_adapter
+from mcore_dapo.devices.npu import cann_version
+
+
+def test_env_for_npu_names_what_is_missing_from_the_recipe():
+    out = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", "env", "--json", "--device", "npu"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    stack = {i["name"]: i for i in info["stack"]}
+    assert list(stack) == ["python", "CANN", "torch", "torch_npu", "torchvision", "mindspeed", "megatron-core",
+                           "verl", "vllm", "vllm-ascend"]
+    assert stack["megatron-core"]["accepted"] == ["0.12.1"] and stack["torch"]["accepted"] == ["2.7.1"]
+    # no NPU software on this machine: torch_npu and MindSpeed are named as missing, with how to install them
+    assert not stack["torch_npu"]["ok"] and stack["torch_npu"]["installed"] == "absent"
+    missing = "\n".join(info["missing"])
+    assert "torch_npu 2.7.1 (installed: absent): pip install torch_npu==2.7.1" in missing
+    assert "mindspeed 0.12.1 (installed: absent): git clone -b 26.1.0_core_r0.12.1" in missing
+    assert len(info["missing"]) == sum(not i["ok"] for i in info["stack"])
+    text = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", "env", "--device", "npu"],
+                          capture_output=True, text=True).stdout
+    assert "the npu recipe's stack (docs/ASCEND.md):" in text and "missing for npu" in text
+
+
+def test_other_devices_have_no_fixed_stack():
+    assert get_adapter("cpu").expected_stack() == [] and get_adapter("cuda").expected_stack() == []
+
+
+def test_stack_versions_accept_builds_of_the_pinned_release():
+    req = {r.name: r for r in get_adapter("npu").expected_stack()}
+    assert req["torch_npu"].ok("2.7.1.post11") and req["torch_npu"].ok("2.7.1")
+    assert not req["torch_npu"].ok("2.7.10") and not req["torch_npu"].ok(None)
+    assert req["torch"].ok("2.7.1+cpu") and not req["torch"].ok("2.8.0")
+    assert req["vllm"].ok("0.11.0+empty") and req["vllm-ascend"].ok("0.11.0rc1")
+
+
+def test_cann_version_is_read_from_the_toolkit_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv("ASCEND_HOME_PATH", raising=False)
+    monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)
+    assert cann_version() is None
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path))
+    assert cann_version() == "unknown"
+    (tmp_path / "x86_64-linux").mkdir()
+    (tmp_path / "x86_64-linux" / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=9.1.0\n")
+    assert cann_version() == "9.1.0"
