@@ -42,6 +42,18 @@ def nvidia_apex() -> str:
     return "absent (an unrelated `apex` package is installed)"
 
 
+def stack_report(adapter) -> tuple[list[dict], list[str]]:
+    """The device recipe's stack against what is installed, and one line for each missing component."""
+    stack = []
+    for r in adapter.expected_stack():
+        installed = r.installed()
+        stack.append({"name": r.name, "accepted": list(r.accepted), "installed": installed or "absent",
+                      "ok": r.ok(installed), "source": r.source, "install": r.install})
+    missing = [f"{i['name']} {' or '.join(i['accepted'])} (installed: {i['installed']}): {i['install']}"
+               for i in stack if not i["ok"]]
+    return stack, missing
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -61,13 +73,7 @@ def collect(device: str | None = None) -> dict:
         }
         for st in adapter.patch_status()
     ]
-    stack = [
-        {"name": r.name, "accepted": list(r.accepted), "installed": r.installed() or "absent", "source": r.source,
-         "install": r.install}
-        for r in adapter.expected_stack()
-    ]
-    for item, r in zip(stack, adapter.expected_stack()):
-        item["ok"] = r.ok(None if item["installed"] == "absent" else item["installed"])
+    stack, missing = stack_report(adapter)
     return {
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
@@ -77,8 +83,7 @@ def collect(device: str | None = None) -> dict:
         "versions": versions,
         "patches": patches,
         "stack": stack,
-        "missing": [f"{i['name']} {' or '.join(i['accepted'])} (installed: {i['installed']}): {i['install']}"
-                    for i in stack if not i["ok"]],
+        "missing": missing,
     }
 
 

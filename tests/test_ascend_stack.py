@@ -52,3 +52,21 @@ def test_cann_version_is_read_from_the_toolkit_folder(tmp_path, monkeypatch):
     (tmp_path / "x86_64-linux").mkdir()
     (tmp_path / "x86_64-linux" / "ascend_toolkit_install.info").write_text("package_name=Ascend-cann-toolkit\nversion=9.1.0\n")
     assert cann_version() == "9.1.0"
+
+
+def test_a2_script_dry_run_names_the_stack_it_expects():
+    import os
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "DRY_RUN": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    p = subprocess.run(["bash", str(root / "configs" / "dapo_qwen3_30b_a2.sh")], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    *before, last = p.stdout.strip().splitlines()
+    got = json.loads(last)
+    assert got["device"] == "npu"
+    assert {k: got["expected_stack"][k] for k in ("torch", "mindspeed", "megatron-core", "verl", "vllm")} == {
+        "torch": "2.7.1", "mindspeed": "0.12.1", "megatron-core": "0.12.1", "verl": "0.9.1", "vllm": "0.11.0"}
+    assert any("torch_npu 2.7.1 (installed: absent)" in m for m in got["missing"])
+    assert before and before[-1].startswith("expects on npu: python 3.10, CANN 9.1.0 or 9.0.0, torch 2.7.1")

@@ -81,4 +81,5 @@ def validate(c, model_dir=None) -> dict:
     check_batches(c, dp, world)
     check_packing(c)
     return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
-            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size)}
+            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
+            "device": str(c.trainer.get("device") or "")}
