@@ -75,6 +75,11 @@ def main(argv=None) -> int:
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:
+        import verl
+
+        from mcore_dapo.verl_plugin.config_checks import check_verl_version
+
+        check_verl_version(getattr(verl, "__version__", "0"))  # before composing: older verl configs differ
         sizes = dry_run(overrides)
         if os.environ.get("DRY_RUN", "0") not in ("", "0"):
             sizes.update(expected_stack(sizes.get("device")))
