@@ -70,3 +70,13 @@ def test_a2_script_dry_run_names_the_stack_it_expects():
         "torch": "2.7.1", "mindspeed": "0.12.1", "megatron-core": "0.12.1", "verl": "0.9.1", "vllm": "0.11.0"}
     assert any("torch_npu 2.7.1 (installed: absent)" in m for m in got["missing"])
     assert before and before[-1].startswith("expects on npu: python 3.10, CANN 9.1.0 or 9.0.0, torch 2.7.1")
+
+
+def test_unsupported_verl_line_names_why_and_the_upgrade_path():
+    from mcore_dapo.verl_plugin import SUPPORTED_VERL
+    from mcore_dapo.verl_plugin.config_checks import unsupported_verl
+
+    old = unsupported_verl("0.6.1", SUPPORTED_VERL)
+    assert "\n" not in old and "verl/workers/megatron_workers.py" in old and old.endswith("pip install verl==0.9.1")
+    newer = unsupported_verl("0.10.0", SUPPORTED_VERL)
+    assert "megatron_workers" not in newer and "supported is verl>=0.9.1,<0.10" in newer
