@@ -3,6 +3,7 @@
 # Start Ray first (configs/ray_start_master.sh, configs/ray_start_worker.sh), then on the master:
 #   nohup bash configs/dapo_qwen3_30b_a2.sh > qwen3-30b-a3b.log 2>&1 &
 # Check the config without Ray or NPUs:  DRY_RUN=1 bash configs/dapo_qwen3_30b_a2.sh
+# (it also prints the software stack this recipe expects, docs/ASCEND.md, and what of it is missing here)
 #
 # Layout, from `mcore-dapo plan --model configs/models/qwen3-30b-a3b --nodes 4 --devices-per-node 8 --device a2`
 # (best of 2914 legal layouts, 50 GiB of the A2's 64 GiB in the update):

@@ -42,6 +42,18 @@ def nvidia_apex() -> str:
     return "absent (an unrelated `apex` package is installed)"
 
 
+def stack_report(adapter) -> tuple[list[dict], list[str]]:
+    """The device recipe's stack against what is installed, and one line for each missing component."""
+    stack = []
+    for r in adapter.expected_stack():
+        installed = r.installed()
+        stack.append({"name": r.name, "accepted": list(r.accepted), "installed": installed or "absent",
+                      "ok": r.ok(installed), "source": r.source, "install": r.install})
+    missing = [f"{i['name']} {' or '.join(i['accepted'])} (installed: {i['installed']}): {i['install']}"
+               for i in stack if not i["ok"]]
+    return stack, missing
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -61,6 +73,7 @@ def collect(device: str | None = None) -> dict:
         }
         for st in adapter.patch_status()
     ]
+    stack, missing = stack_report(adapter)
     return {
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
@@ -69,6 +82,8 @@ def collect(device: str | None = None) -> dict:
         "communication_backend": adapter.backend,
         "versions": versions,
         "patches": patches,
+        "stack": stack,
+        "missing": missing,
     }
 
 
@@ -86,4 +101,14 @@ def render(info: dict) -> str:
     for p in info["patches"]:
         state = "applies" if p["applies"] else f"does not apply: {p['why_not']}"
         lines.append(f"  {p['id']:42s} {p['package']} {p['versions']:14s} {state}")
+    if info.get("stack"):
+        lines += ["", f"the {info['device']} recipe's stack (docs/ASCEND.md):"]
+        for i in info["stack"]:
+            state = "ok" if i["ok"] else "MISSING"
+            lines.append(f"  {i['name']:20s} {' or '.join(i['accepted']):18s} installed {i['installed']:14s} {state}")
+        if info["missing"]:
+            lines += ["", f"missing for {info['device']} ({len(info['missing'])}):"]
+            lines += [f"  {m}" for m in info["missing"]]
+        else:
+            lines += ["", f"nothing missing for {info['device']}"]
     return "\n".join(lines)

@@ -163,8 +163,40 @@ class DeviceAdapter(ABC):
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
+    def expected_stack(self) -> list["StackRequirement"]:
+        """The software stack this device's recipe pins (docs/ASCEND.md on Ascend); empty: no fixed stack."""
+        return []
+
     def describe(self) -> dict:
         return {"device": self.name, "backend": self.backend}
+
+
+class StackRequirement:
+    """One component of a device's recipe: accepted version prefixes, and where it comes from."""
+
+    def __init__(self, name: str, accepted: tuple[str, ...], source: str, install: str, probe=None):
+        self.name, self.accepted, self.source, self.install = name, accepted, source, install
+        self._probe = probe
+
+    def installed(self) -> str | None:
+        """The installed version (the distribution's metadata unless a probe is given), None when absent."""
+        if self._probe is not None:
+            return self._probe()
+        import importlib.metadata as md
+
+        for dist in (self.name, self.name.replace("_", "-"), self.name.replace("-", "_")):
+            try:
+                return md.version(dist)
+            except md.PackageNotFoundError:
+                continue
+        return None
+
+    def ok(self, installed: str | None) -> bool:
+        """Whether ``installed`` is one of the accepted versions (``2.7.1`` accepts ``2.7.1.post2``)."""
+        if not installed:
+            return False
+        base = installed.split("+")[0]
+        return any(base == a or base.startswith(a + ".") for a in self.accepted)
 
 
 def local_rank() -> int:

@@ -14,10 +14,58 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from mcore_dapo.devices.base import DeviceAdapter, megatron_imported
+from mcore_dapo.devices.base import DeviceAdapter, StackRequirement, megatron_imported
 from mcore_dapo.errors import UserError
 
 ADAPTOR = "mindspeed.megatron_adaptor"
+
+
+def _python_version() -> str:
+    import platform
+
+    return platform.python_version()
+
+
+def cann_version() -> str | None:
+    """CANN's toolkit version, read from the folder CANN's set_env.sh exports (None: not set up)."""
+    import os
+    import re
+    from pathlib import Path
+
+    home = os.environ.get("ASCEND_TOOLKIT_HOME") or os.environ.get("ASCEND_HOME_PATH")
+    if not home:
+        return None
+    for name in ("ascend_toolkit_install.info", "version.cfg"):
+        for f in (Path(home) / name, *Path(home).glob(f"*/{name}")):
+            if f.is_file():
+                m = re.search(r"version\s*=\s*\"?\[?([0-9][\w.]*)", f.read_text(errors="replace"))
+                if m:
+                    return m.group(1)
+    return "unknown"
+
+
+MINDSPEED_QS = "MindSpeed 26.1.0_core_r0.12.1 docs/zh/release_notes_core.md"
+VERL_QS = "verl docs/ascend_tutorial/ascend_quick_start.rst"
+
+# The A2 recipe (docs/ASCEND.md): MindSpeed's maintained line and what it pairs with.
+STACK = (
+    StackRequirement("python", ("3.10",), MINDSPEED_QS, "Python 3.10", probe=_python_version),
+    StackRequirement("CANN", ("9.1.0", "9.0.0"), MINDSPEED_QS + " (9.1.0; its README says 9.0.0)",
+                     "install CANN, then: source <ascend-toolkit>/set_env.sh", probe=cann_version),
+    StackRequirement("torch", ("2.7.1",), MINDSPEED_QS, "pip install torch==2.7.1"),
+    StackRequirement("torch_npu", ("2.7.1",), MINDSPEED_QS + " (its release 26.1.0 of torch_npu for torch 2.7.1); "
+                     + VERL_QS + " (2.7.1)", "pip install torch_npu==2.7.1 (or a 2.7.1.postN build)"),
+    StackRequirement("torchvision", ("0.22.1",), VERL_QS, "pip install torchvision==0.22.1"),
+    StackRequirement("mindspeed", ("0.12.1",), "MindSpeed 26.1.0_core_r0.12.1 setup.py (version 0.12.1)",
+                     "git clone -b 26.1.0_core_r0.12.1 <MindSpeed> && pip install -e MindSpeed"),
+    StackRequirement("megatron-core", ("0.12.1",), MINDSPEED_QS,
+                     "pip install megatron-core==0.12.1, and Megatron-LM core_v0.12.1 on PYTHONPATH"),
+    StackRequirement("verl", ("0.9.1",), "mcore_dapo.verl_plugin.SUPPORTED_VERL", "pip install verl==0.9.1"),
+    StackRequirement("vllm", ("0.11.0",), VERL_QS,
+                     "git clone -b v0.11.0 <vllm> && VLLM_TARGET_DEVICE=empty pip install -e vllm"),
+    StackRequirement("vllm-ascend", ("0.11.0rc1", "0.11.0"), VERL_QS,
+                     "git clone -b v0.11.0rc1 <vllm-ascend> && pip install -e vllm-ascend"),
+)
 
 
 class MindSpeedOrderError(RuntimeError):
@@ -113,11 +161,18 @@ class NpuAdapter(DeviceAdapter):
         self.prepare()
         return super().apply_patches()
 
+    def expected_stack(self) -> list[StackRequirement]:
+        return list(STACK)
+
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is
         # what builds (and its checkpoint keys are what verl's Ascend path expects).
+        # megatron-core 0.12.1 (MindSpeed's maintained line) has no vp_stage/pp_rank arguments here:
+        # it reads the pipeline position from parallel_state.
+        import inspect
+
         from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-        return get_gpt_decoder_block_spec(
-            config, use_transformer_engine=True, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
-        )
+        accepted = inspect.signature(get_gpt_decoder_block_spec).parameters
+        position = {k: v for k, v in (("vp_stage", vp_stage), ("pp_rank", pp_rank)) if k in accepted}
+        return get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm", **position)

@@ -42,8 +42,10 @@ def _on_import() -> None:
     except ImportError:
         return
     if not verl_version_ok(getattr(verl, "__version__", "0")):
-        log.warning("mcore_dapo.verl_plugin supports verl%s, found %s: plugin not enabled",
-                    SUPPORTED_VERL, verl.__version__)
+        if "mcore_dapo.verl_plugin.main_dapo" not in getattr(sys, "orig_argv", []):  # that one refuses in one line
+            from mcore_dapo.verl_plugin.config_checks import unsupported_verl
+
+            log.warning("%s: plugin not enabled", unsupported_verl(verl.__version__, SUPPORTED_VERL))
         return
     from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
 

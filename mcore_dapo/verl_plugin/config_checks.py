@@ -16,7 +16,22 @@ def check_verl_version(version: str) -> None:
     from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
 
     if not verl_version_ok(version):
-        raise UserError(f"verl {version} is not supported by mcore_dapo.verl_plugin: supported is verl{SUPPORTED_VERL}")
+        raise UserError(unsupported_verl(version, SUPPORTED_VERL))
+
+
+def unsupported_verl(version: str, supported: str) -> str:
+    """One line: why this verl cannot run the plugin, and the upgrade path (docs/ASCEND.md, 'verl 0.6.x')."""
+    from mcore_dapo.patching.registry import version_in
+
+    why = ""
+    if version_in(version, "<0.9"):
+        # verl 0.6.x: trainer/main_ppo.py sends actor.strategy=megatron to workers/megatron_workers.py, which
+        # builds, loads and syncs the model itself; the engine registry is not on that path, and verl
+        # loads no `verl.plugins` entry points
+        why = (" (its actor.strategy=megatron runs verl/workers/megatron_workers.py, not the engine API this "
+               "plugin registers with)")
+    return (f"verl {version} is not supported by mcore_dapo.verl_plugin{why}: supported is verl{supported}; "
+            "upgrade with pip install verl==0.9.1")
 
 
 def check_architecture(model_dir) -> object:
@@ -81,4 +96,5 @@ def validate(c, model_dir=None) -> dict:
     check_batches(c, dp, world)
     check_packing(c)
     return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
-            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size)}
+            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
+            "device": str(c.trainer.get("device") or "")}

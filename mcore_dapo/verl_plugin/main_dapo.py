@@ -56,13 +56,37 @@ def dry_run(overrides: list[str]) -> dict:
     return sizes
 
 
+def expected_stack(device: str | None) -> dict:
+    """The software stack the trainer device's recipe pins, and what of it is missing here (nothing for a
+    device without a fixed stack)."""
+    from mcore_dapo.devices import get_adapter
+    from mcore_dapo.env import stack_report
+
+    if not device:
+        return {}
+    stack, missing = stack_report(get_adapter(device))
+    if not stack:
+        return {}
+    return {"expected_stack": {i["name"]: " or ".join(i["accepted"]) for i in stack}, "missing": missing}
+
+
 def main(argv=None) -> int:
     from mcore_dapo.verl_plugin.overrides import rewrite
 
     overrides = list(sys.argv[1:] if argv is None else argv)
     try:
+        import verl
+
+        from mcore_dapo.verl_plugin.config_checks import check_verl_version
+
+        check_verl_version(getattr(verl, "__version__", "0"))  # before composing: older verl configs differ
         sizes = dry_run(overrides)
         if os.environ.get("DRY_RUN", "0") not in ("", "0"):
+            sizes.update(expected_stack(sizes.get("device")))
+            if "expected_stack" in sizes:
+                print(f"expects on {sizes['device']}: "
+                      + ", ".join(f"{k} {v}" for k, v in sizes["expected_stack"].items())
+                      + f"; missing here: {len(sizes['missing'])} (mcore-dapo env --device {sizes['device']})")
             print(json.dumps(sizes))
             return 0
         new = rewrite(overrides)

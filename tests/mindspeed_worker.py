@@ -1,0 +1,146 @@
+"""Real MindSpeed on real Megatron, through the NPU adapter, on a machine without an NPU.
+
+Run by tests/test_mindspeed.py in a fresh interpreter whose path starts with the test-only
+``torch_npu``/``torchair`` stand-ins (tests/npu_standin), the vendored MindSpeed and the vendored
+``megatron.training``/``megatron.legacy`` of Megatron-LM (tests/vendor). Prints one JSON line.
+
+Steps, in the adapter's order (docs/ASCEND.md):
+1. the NPU adapter is detected (torch_npu is importable) and ``prepare()`` imports
+   ``mindspeed.megatron_adaptor`` before anything imported Megatron: MindSpeed's features patch Megatron;
+2. ``configure(flags)`` calls MindSpeed's own ``repatch(args)`` with the flags verl would pass;
+3. MindSpeed's patch targets are compared with every target of patches/manifest.toml;
+4. our patches for ``npu`` are applied after MindSpeed's;
+5. a tiny Qwen3-MoE GPTModel is built with the adapter's layer spec (the TE spec, which MindSpeed's
+   Transformer Engine stand-ins build); every parameter must resolve through the bridge, and the
+   checkpoint keys are reported.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import sys
+
+
+def megatron_loaded() -> bool:
+    return any(m == "megatron" or m.startswith("megatron.") for m in sys.modules)
+
+
+def manifest_targets() -> list[tuple[str, list[str], str]]:
+    """(patch id, its devices, target as module.attribute) for every manifest target."""
+    from mcore_dapo.patching import registry
+
+    out = []
+    for entry in registry.load_manifest().values():
+        for t in entry.target:
+            out.append((entry.id, list(entry.devices), t.replace(":", ".")))
+    return out
+
+
+def overlaps(ours, theirs: list[str]) -> list[dict]:
+    found = []
+    for pid, devices, target in ours:
+        for t in theirs:
+            if fnmatch.fnmatchcase(t, target) or t == target:
+                found.append({"patch": pid, "devices": devices, "target": t})
+    return found
+
+
+def npu_is_cpu():
+    """Tensors MindSpeed's modules create with ``device="npu"`` are made on the CPU (there is no NPU
+    here; Megatron's own modules are told ``use_cpu_initialization``)."""
+    from torch.overrides import TorchFunctionMode
+
+    class NpuIsCpu(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = dict(kwargs or {})
+            device = kwargs.get("device")
+            if isinstance(device, str) and device.split(":")[0] == "npu":
+                kwargs["device"] = "cpu"
+            return func(*args, **kwargs)
+
+    return NpuIsCpu()
+
+
+def main(hf_path: str) -> dict:
+    out: dict = {"megatron_before_prepare": megatron_loaded()}
+    from mcore_dapo.devices import detect, get_adapter
+
+    out["detected"] = detect()
+    adapter = get_adapter("npu")
+    adapter.prepare()
+    import megatron.core
+    from mindspeed import megatron_adaptor
+    from mindspeed.patch_utils import MindSpeedPatchesManager
+
+    out["megatron_core"] = megatron.core.__version__
+    out["mindspeed_file"] = megatron_adaptor.__file__
+    out["patches_at_import"] = len(MindSpeedPatchesManager.patches_info)
+    import inspect
+
+    out["repatch_signature"] = str(inspect.signature(megatron_adaptor.repatch))
+
+    flags = adapter.feature_flags({"use_fused_rmsnorm": True}, 1)
+    adapter.configure(flags)
+    applied = [k for k, p in MindSpeedPatchesManager.patches_info.items() if p.is_applied]
+    out["flags"] = flags
+    out["patches_after_repatch"] = len(applied)
+    out["mindspeed_targets_megatron"] = sorted(t for t in applied if t.startswith("megatron."))
+
+    out["overlaps"] = overlaps(manifest_targets(), applied)
+    out["our_patches_npu"] = [{"id": s.id, "applies": s.applies} for s in adapter.apply_patches()]
+
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    from mcore_dapo.bridge import Bridge, Layout
+    from mcore_dapo.bridge.megatron_config import build_transformer_config, gpt_model_kwargs
+    from mcore_dapo.runtime.model import local_params
+    from mcore_dapo.runtime.parallel import parallel_info
+
+    # one process, gloo: the NPU adapter's hccl needs an NPU
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    ps.initialize_model_parallel()
+    adapter.mark_model_parallel_initialised()
+    bridge = Bridge.from_hf(hf_path, Layout())
+    # the allgather dispatcher: alltoall's constructor makes a torch.cuda.Stream, which
+    # transfer_to_npu turns into an NPU stream on Ascend and nothing turns into one here;
+    # the dispatcher holds no parameters, so the checkpoint keys are the same
+    tf = build_transformer_config(bridge.cfg, bridge.layout, dtype="fp32", dispatcher="allgather")
+    tf.use_cpu_initialization = True  # no device memory to initialise on here
+    spec = adapter.layer_spec(tf)
+    sub = spec.layer_specs[0].submodules
+    attn = sub.self_attention.submodules
+    out["layer_modules"] = {name: f"{m.__module__}.{m.__qualname__}" for name, m in (
+        ("linear_qkv", attn.linear_qkv), ("core_attention", attn.core_attention),
+        ("linear_proj", attn.linear_proj), ("pre_mlp_layernorm", sub.pre_mlp_layernorm))}
+    with npu_is_cpu():
+        model = GPTModel(config=tf, transformer_layer_spec=spec, pre_process=True, post_process=True,
+                         **gpt_model_kwargs(bridge.cfg, bridge.layout))
+    resolved = [(lp.name, lp.resolved.megatron) for lp in local_params([model], bridge, parallel_info())]
+    out["params"] = len(resolved)
+    out["bridge_params"] = len(bridge.all_resolved)
+    out["state_dict_keys"] = sorted(k for k in model.state_dict() if not k.endswith("_extra_state"))
+    from mcore_dapo.io.dist_ckpt import _entries, key_layout, sharded_state_dict
+
+    keys = sorted({e.key for e in _entries(sharded_state_dict([model])) if not e.key.endswith("_extra_state")})
+    out["checkpoint_keys"] = keys
+    out["checkpoint_layout"] = key_layout(keys)
+    dist.destroy_process_group()
+    del torch
+    return out
+
+
+if __name__ == "__main__":
+    from mcore_dapo.errors import UserError
+
+    try:
+        result = main(sys.argv[1])
+    except UserError as e:
+        result = {"error": str(e)}
+    sys.stdout.write("\nRESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)

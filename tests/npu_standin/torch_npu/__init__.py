@@ -1,0 +1,90 @@
+"""Test-only stand-in for torch_npu: lets MindSpeed import on a machine without an NPU.
+
+Every name MindSpeed looks up here resolves to a placeholder that raises when used, so
+importing and patching work while any NPU kernel call fails loudly.
+"""
+import sys
+import types
+
+__version__ = "2.7.1.standin"
+
+
+class NpuAbsent:
+    """An NPU operator, dtype or class of torch_npu that this stand-in does not have."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} needs an Ascend NPU (torch_npu stand-in)")
+
+    def __getattr__(self, item):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return NpuAbsent(f"{self._name}.{item}")
+
+    def __repr__(self):
+        return f"<absent {self._name}>"
+
+
+def _module(name):
+    mod = types.ModuleType(name)
+    mod.__getattr__ = lambda item, _n=name: (_ for _ in ()).throw(AttributeError(item)) if item.startswith("__") else NpuAbsent(f"{_n}.{item}")
+    return mod
+
+
+def __getattr__(item):
+    if item.startswith("__"):
+        raise AttributeError(item)
+    return NpuAbsent(f"torch_npu.{item}")
+
+
+class _SubmoduleFinder:
+    """Any ``torch_npu.<name>`` submodule is a placeholder module of absent names."""
+
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        if not fullname.startswith(__name__ + "."):
+            return None
+        import importlib.machinery
+
+        return importlib.machinery.ModuleSpec(fullname, cls, is_package=True)
+
+    @staticmethod
+    def create_module(spec):
+        mod = _module(spec.name)
+        mod.__path__ = []
+        return mod
+
+    @staticmethod
+    def exec_module(module):
+        pass
+
+
+sys.meta_path.append(_SubmoduleFinder)
+
+# torch_npu makes its device namespace torch.npu; here every name in it is absent.
+import torch  # noqa: E402
+
+npu = _module(__name__ + ".npu")
+npu.__path__ = []
+sys.modules[npu.__name__] = npu
+npu.is_available = lambda: False  # no NPU on this machine: the truthful answers
+npu.device_count = lambda: 0
+torch.npu = npu
+
+
+class _HcclOptions:
+    """torch_npu's ProcessGroupHCCL.Options: HCCL settings of a process group (gloo ignores them)."""
+
+    def __init__(self):
+        self.hccl_config = {}
+
+
+_C = _module(__name__ + "._C")
+_C._distributed_c10d = _module(__name__ + "._C._distributed_c10d")
+_C._distributed_c10d.ProcessGroupHCCL = types.SimpleNamespace(Options=_HcclOptions)
+
+# dtypes the NPU does not support (MindSpeed's dist-train feature reads this list when a
+# TransformerConfig is validated); the stand-in lists torch's quantized dtypes
+unsupported_dtype = [torch.quint8, torch.quint4x2, torch.quint2x4, torch.qint32, torch.qint8]

@@ -1,0 +1,103 @@
+"""Real MindSpeed (26.1.0_core_r0.12.1, vendored) on real megatron-core 0.12.1, through the NPU adapter.
+
+MindSpeed imports ``torch_npu.contrib.transfer_to_npu`` at import time; a test-only stand-in
+(tests/npu_standin) lets it import here and apply its real feature patches to Megatron. What this
+catches: a MindSpeed patch that collides with our patches, our layer spec or the bridge's
+checkpoint keys, and a change of MindSpeed's import order or ``repatch`` signature. See docs/ASCEND.md.
+
+Runs in the Ascend test stack (megatron-core 0.12.1, the line every maintained MindSpeed branch
+patches); skipped elsewhere. One worker process (about 20 s) serves every test here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mcore_dapo.patching.registry import installed_version, version_in
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+MINDSPEED_LINE = ">=0.12.1,<0.13"  # what 26.1.0_core_r0.12.1 patches (tests/vendor/MindSpeed/README.md)
+
+_megatron = installed_version("megatron-core") or "absent"
+pytestmark = pytest.mark.skipif(
+    not version_in(_megatron, MINDSPEED_LINE),
+    reason=f"MindSpeed 26.1.0_core_r0.12.1 patches megatron-core{MINDSPEED_LINE}; installed is {_megatron} "
+           "(these tests run in the Ascend stack: make test STACK=ascend)",
+)
+
+# The torch_dist keys the CPU adapter's local spec writes for the tiny MoE model (stacked layout,
+# experts on a global axis, the input norm fused into linear_qkv as TE does): what `hf2mcore`
+# writes and every reader of this project expects.
+CHECKPOINT_KEYS = [
+    "decoder.final_layernorm.weight",
+    "decoder.layers.mlp.experts.experts.linear_fc1.weight",
+    "decoder.layers.mlp.experts.experts.linear_fc2.weight",
+    "decoder.layers.mlp.router.weight",
+    "decoder.layers.pre_mlp_layernorm.weight",
+    "decoder.layers.self_attention.k_layernorm.weight",
+    "decoder.layers.self_attention.linear_proj.weight",
+    "decoder.layers.self_attention.linear_qkv.layer_norm_weight",
+    "decoder.layers.self_attention.linear_qkv.weight",
+    "decoder.layers.self_attention.q_layernorm.weight",
+    "embedding.word_embeddings.weight",
+    "output_layer.weight",
+]
+
+
+@pytest.fixture(scope="module")
+def mindspeed_run(tiny_moe) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(TESTS / "npu_standin"), str(TESTS / "vendor" / "MindSpeed"), str(TESTS / "vendor" / "Megatron-LM"),
+         str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("MCORE_DAPO_DEVICE", None)
+    proc = subprocess.run([sys.executable, str(TESTS / "mindspeed_worker.py"), str(tiny_moe)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=str(TESTS))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"worker gave no result (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
+    result = json.loads(lines[-1][len("RESULT "):])
+    assert "error" not in result, result["error"]
+    return result
+
+
+def test_real_mindspeed_imports_first_and_patches_megatron(mindspeed_run):
+    r = mindspeed_run
+    assert r["megatron_before_prepare"] is False
+    assert r["detected"] == "npu"  # torch_npu importable: the NPU adapter is chosen
+    assert r["megatron_core"] == _megatron
+    assert r["mindspeed_file"].startswith(str(TESTS / "vendor" / "MindSpeed")), r["mindspeed_file"]
+    assert r["patches_at_import"] > 50  # MindSpeed's default (optimization level 0) features
+    # what our adapter calls: megatron_adaptor.repatch(args) with the flags as one dict
+    assert r["repatch_signature"] == "(args)"
+    assert r["flags"] == {"use_fused_rmsnorm": True, "use_flash_attn": True}
+    targets = r["mindspeed_targets_megatron"]
+    for t in ("megatron.core.extensions.transformer_engine.TELayerNormColumnParallelLinear",
+              "megatron.core.transformer.transformer_config.TransformerConfig.__init__"):
+        assert t in targets
+
+
+def test_no_patch_of_ours_that_applies_on_npu_shares_a_target_with_mindspeed(mindspeed_run):
+    r = mindspeed_run
+    on_npu = [o for o in r["overlaps"] if "npu" in o["devices"]]
+    assert not on_npu, f"our patches and MindSpeed's patch the same objects on Ascend: {on_npu}"
+    # the only shared target today: the CPU adapter's RNG state (never applied beside MindSpeed)
+    assert {o["patch"] for o in r["overlaps"]} <= {"cpu.megatron.rng-state"}, r["overlaps"]
+    assert all(not p["applies"] for p in r["our_patches_npu"]), r["our_patches_npu"]
+
+
+def test_mindspeed_te_spec_builds_with_the_bridge_names_and_checkpoint_keys(mindspeed_run):
+    r = mindspeed_run
+    # the TE spec as MindSpeed rebinds it: its own TE modules, not Transformer Engine's
+    assert r["layer_modules"]["linear_qkv"].startswith("mindspeed.te."), r["layer_modules"]
+    assert r["layer_modules"]["core_attention"].startswith("mindspeed.te."), r["layer_modules"]
+    # every parameter resolves through the bridge, and none is missing
+    assert r["params"] == r["bridge_params"]
+    assert r["checkpoint_layout"] == "stacked"
+    assert r["checkpoint_keys"] == CHECKPOINT_KEYS

@@ -1,0 +1,1 @@
+"""Mindspeed is a distributed training platform."""

@@ -1,0 +1,1 @@
+from . import inner_data_parallel, dist_parallel_state, dist_schedules, dist_communication

@@ -1,0 +1,4 @@
+from .modules.layers import linear_backward_wgrad_detach
+from .transformer_layer import transformer_layer_forward_backward_overlaping, dualpipev_fb_overlap_mtp_layer_forward
+from .transformer_block import transformer_block_fb_overlap_init_wrapper, mtp_block_fb_overlap_forward_wrapper
+from .vpp_schedules import forward_backward_pipelining_with_interleaving

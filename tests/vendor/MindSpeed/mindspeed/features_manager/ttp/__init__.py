@@ -1,0 +1,1 @@
+# Copyright (c) 2025, Huawei Technologies Co., Ltd. All rights reserved.
