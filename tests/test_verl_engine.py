@@ -65,3 +65,40 @@ def test_verl_checkpoint_save_and_resume_through_the_plugin(engine_update):
     assert got["checkpoint_hf_tensors"] == got["tensors_synced"]
     assert got["checkpoint_vs_received"] == 0.0
     assert got["resumed_vs_received"] == 0.0
+
+
+@pytest.fixture(scope="module", params=[("EP2", "alltoall", 1, 2), ("TP2xEP2", "allgather", 2, 4)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def replay(request, tmp_path_factory):
+    """Router replay through verl's worker calls (mcore_dapo.harness.verl_engine --replay): R2 records in
+    compute_log_prob, the routers are perturbed, update_actor replays; then R3 with routes of an HF model
+    in the rollout's format; then bad replay data."""
+    from mcore_dapo.harness.tiny import make_tiny_model
+
+    _, dispatcher, tp, world = request.param
+    tmp = tmp_path_factory.mktemp("verl-replay")
+    hf = make_tiny_model(tmp / "tiny")
+    (tmp / "work").mkdir()
+    return torchrun("mcore_dapo.harness.verl_engine",
+                    ["--hf-path", str(hf), "--work", str(tmp / "work"), "--ep", "2", "--tp", str(tp),
+                     "--dispatcher", dispatcher, "--replay"], world, timeout=600)
+
+
+def test_router_replay_r2_replays_the_recorded_routes(replay):
+    assert replay["routers"] == 4 and replay["recorded_shape"] == [8, 4, 2]  # samples, layers, top-k
+    # the perturbed routers pick other experts without replay (compute_log_prob against the recording)
+    assert replay["perturbed_vs_recorded"] < 0.9
+    # with R2 the update's routers returned the recorded top-k set for every token and layer
+    assert replay["r2_update_vs_recorded"] == [1.0, 1.0]
+
+
+def test_router_replay_r3_replays_the_rollout_routes(replay):
+    assert replay["rollout_routes_dtype"] == "torch.int32"
+    assert replay["r3_logprob_vs_rollout"] == 1.0
+    assert replay["r3_update_vs_rollout"] == [1.0, 1.0]
+
+
+def test_router_replay_bad_data_is_one_line(replay):
+    assert "router_replay.mode=R3" in replay["error_wrong_shape"] and "(6, 4, 1)" in replay["error_wrong_shape"]
+    assert "enable_rollout_routing_replay=True" in replay["error_missing"]
+    assert "\n" not in replay["error_wrong_shape"] + replay["error_missing"]
