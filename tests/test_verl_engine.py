@@ -71,8 +71,9 @@ def test_verl_checkpoint_save_and_resume_through_the_plugin(engine_update):
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def replay(request, tmp_path_factory):
     """Router replay through verl's worker calls (mcore_dapo.harness.verl_engine --replay): R2 records in
-    compute_log_prob, the routers are perturbed, update_actor replays; then R3 with routes of an HF model
-    in the rollout's format; then bad replay data."""
+    compute_log_prob, the routers are perturbed, update_actor replays (and is recomputed on the HF model
+    with the same routes forced); then R3 with routes of an HF model in the rollout's format; then bad
+    replay data."""
     from mcore_dapo.harness.tiny import make_tiny_model
 
     _, dispatcher, tp, world = request.param
@@ -90,6 +91,19 @@ def test_router_replay_r2_replays_the_recorded_routes(replay):
     assert replay["perturbed_vs_recorded"] < 0.9
     # with R2 the update's routers returned the recorded top-k set for every token and layer
     assert replay["r2_update_vs_recorded"] == [1.0, 1.0]
+
+
+def test_router_replay_r2_loss_matches_a_reference_with_the_same_routing(replay):
+    # the R2 update (perturbed routers, recorded routes replayed) recomputed in one fp32 process on the
+    # HF model from the engine's weights of that update, its routers forced to the recorded routes;
+    # the same reference routing by itself (the perturbed routers) is further away
+    forced, native = replay["r2_reference_forced"], replay["r2_reference_native"]
+    assert forced["forced_routes"] and native["forced_routes"] is None
+    assert replay["r2_loss"] == pytest.approx(forced["reference_loss"], rel=2e-3)
+    assert replay["r2_grad_norm"] == pytest.approx(forced["reference_grad_norm"], rel=5e-3)
+    assert abs(replay["r2_loss"] - native["reference_loss"]) > 3 * abs(replay["r2_loss"] - forced["reference_loss"])
+    assert abs(replay["r2_grad_norm"] - native["reference_grad_norm"]) \
+        > 3 * abs(replay["r2_grad_norm"] - forced["reference_grad_norm"])
 
 
 def test_router_replay_r3_replays_the_rollout_routes(replay):

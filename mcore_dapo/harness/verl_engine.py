@@ -187,6 +187,9 @@ def replay_run(a) -> dict:
     replay in update_actor), then R3 with routes of an HF model in the rollout's format."""
     import torch.distributed as dist
 
+    import os
+
+    from mcore_dapo.verl_plugin import audit
     from mcore_dapo.verl_plugin.main_dapo import compose
     from mcore_dapo.verl_plugin.overrides import rewrite
     from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
@@ -195,7 +198,7 @@ def replay_run(a) -> dict:
     from verl.utils import tensordict_utils as tu
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    c = compose(rewrite(overrides(a.hf_path, a.ep, a.tp, world=dist_world(), device=a.device,
+    c = compose(rewrite(overrides(a.hf_path, a.ep, a.tp, a.pp, world=dist_world(), device=a.device,
                                   router_replay="R2", dispatcher=a.dispatcher)))
     worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
     worker.init_model()
@@ -220,8 +223,14 @@ def replay_run(a) -> dict:
         return _shared(engine, tu.get(out, "metrics") if out is not None else None)
 
     # R2: compute_log_prob records the routes of every layer and token
-    out = infer(engine_batch(data))
+    td = engine_batch(data)
+    out = infer(td)
     recorded = _gather_routes(engine, out, dp_rank, len(data))
+    # the old policy: those log-probs plus noise (as :func:`run`), so that the loss follows the new
+    # log-probs (ratios near 1) and with them the routing
+    current = _gather_logp(engine, out, dispatch(td, dp, dp_rank), len(data))
+    noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(3)) * 0.3
+    old = (current + noise) * batch["response_mask"]
     result["recorded_shape"] = [len(recorded), *recorded[0].shape[1:]]
     # a perturbation of the routers that changes routing without replay
     g = torch.Generator().manual_seed(5)
@@ -234,11 +243,18 @@ def replay_run(a) -> dict:
     infer(td)
     result["perturbed_vs_recorded"] = _shared(engine, dict(engine._mcore_routing_metrics)).get(AGREEMENT)
     engine._mcore_routing_metrics.clear()
-    td = engine_batch(data, _old(batch))
+    td = engine_batch(data, old)
     td["routed_experts"] = routed
-    metrics = update(td) or {}
+    # the audit writes the perturbed weights, the batch with its routes and the grad norm: the same
+    # update is recomputed below on the HF model with the recorded routes forced (and without)
+    os.environ[audit.ENV] = str(Path(a.work) / "audit-r2")
+    try:
+        metrics = update(td) or {}
+    finally:
+        os.environ.pop(audit.ENV)
     result["r2_update_vs_recorded"] = metrics.get(REPLAYED)
     result["r2_loss"] = _scalar(metrics.get("loss"))
+    result["r2_grad_norm"] = _scalar(metrics.get("grad_norm"))
 
     # R3: routes of an HF model (the rollout's own routers), int32 [tokens - 1, layers, top_k] per sample
     # the same engine switched to R3 (one launch for both modes; verl reads the mode at each batch, and
@@ -258,7 +274,7 @@ def replay_run(a) -> dict:
     td["routed_experts"] = torch.nested.as_nested_tensor([r.to(torch.int16) for r in routes], layout=torch.jagged)
     infer(td)
     result["r3_logprob_vs_rollout"] = _shared(engine, dict(engine._mcore_routing_metrics)).get(AGREEMENT)
-    td = engine_batch(data, _old(batch))
+    td = engine_batch(data, old)  # (union: data keeps these old log-probs)
     td["routed_experts"] = torch.nested.as_nested_tensor([r.to(torch.int16) for r in routes], layout=torch.jagged)
     metrics = update(td) or {}
     result["r3_update_vs_rollout"] = metrics.get(REPLAYED)
@@ -273,13 +289,27 @@ def replay_run(a) -> dict:
             result[f"error_{name}"] = None
         except Exception as e:  # noqa: BLE001  (the worker's one-line UserError)
             result[f"error_{name}"] = f"{type(e).__name__}: {e}"
-    return result if dist.get_rank() == 0 else None
+    if dist.get_rank() != 0:
+        return None
+    from mcore_dapo.harness.audit_reference import reference_step
+
+    folder = next((Path(a.work) / "audit-r2").glob("step-*"))
+    result["r2_reference_forced"] = reference_step(folder)
+    result["r2_reference_native"] = reference_step(folder, force_routes=False)
+    return result
 
 
-def _old(batch) -> torch.Tensor:
-    """Old log-probs that make every clip range act (as :func:`run`)."""
-    noise = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(3)) * 0.3
-    return (noise - 2.0) * batch["response_mask"]
+def _gather_logp(engine, out, mine, bs: int) -> torch.Tensor:
+    """The whole batch's log-probs ``[bs, RESPONSE]`` on every rank, from compute_log_prob's output."""
+    import torch.distributed as dist
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    dp = engine.get_data_parallel_size()
+    logp = None if out is None else no_padding_2_padding(out["log_probs"], mine).float()
+    logp = _broadcast_from_collectors(engine, logp, (bs // dp, RESPONSE))
+    full = [torch.empty_like(logp) for _ in range(dp)]
+    dist.all_gather(full, logp.contiguous(), group=engine.get_data_parallel_group())
+    return torch.cat(full)
 
 
 def _scalar(v):
@@ -380,6 +410,7 @@ def main(argv=None) -> int:
     ap.add_argument("--remove-padding", action="store_true", help="packed sequences (THD)")
     ap.add_argument("--replay", action="store_true", help="router replay R2 then R3 (replay_run)")
     ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--replay)")
     ap.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
     ap.add_argument("--perturb", type=float, default=0.05, help="noise added to the router weights (R2)")
     ap.add_argument("--out", default=None)
