@@ -99,16 +99,20 @@ def test_router_replay_r2_loss_matches_a_reference_with_the_same_routing(replay)
     # the same reference routing by itself (the perturbed routers) is further away
     forced, native = replay["r2_reference_forced"], replay["r2_reference_native"]
     assert forced["forced_routes"] and native["forced_routes"] is None
-    if replay["layout"].startswith("TP2"):
-        # open: under TP2 x EP2 (sequence parallel) the engine reports grad norm 1.87 against 2.54 for
-        # the forced reference (EP2 and PP2 agree to 0.1 %); not yet known whether replay is involved
-        pytest.xfail(f"TP2 engine vs forced reference: loss {replay['r2_loss']:.5f} / {forced['reference_loss']:.5f}, "
-                     f"grad norm {replay['r2_grad_norm']:.4f} / {forced['reference_grad_norm']:.4f}")
-    assert replay["r2_loss"] == pytest.approx(forced["reference_loss"], rel=2e-3)
+    # bf16 engine against an fp32 reference: the loss within bf16 rounding (the HF model itself in bf16
+    # is 3e-3 off its fp32 loss on these batches, docs/BENCHMARKS.md); too coarse to tell the two
+    # routings apart (their losses differ by about twice that), which the gradients do
+    assert replay["r2_loss"] == pytest.approx(forced["reference_loss"], rel=5e-3)
     assert replay["r2_grad_norm"] == pytest.approx(forced["reference_grad_norm"], rel=5e-3)
-    assert abs(replay["r2_loss"] - native["reference_loss"]) > 3 * abs(replay["r2_loss"] - forced["reference_loss"])
     assert abs(replay["r2_grad_norm"] - native["reference_grad_norm"]) \
         > 3 * abs(replay["r2_grad_norm"] - forced["reference_grad_norm"])
+    # the routers' own gradients, where replay acts (the gate weights of the replayed experts), per MoE layer
+    engine = forced["engine_router_grad_norms"]
+    assert len(engine) == len(forced["reference_router_grad_norms"]) == replay["routers"]
+    assert engine == pytest.approx(forced["reference_router_grad_norms"], rel=5e-2)
+    total = (lambda v: sum(x * x for x in v) ** 0.5)
+    e, f, n = total(engine), total(forced["reference_router_grad_norms"]), total(native["reference_router_grad_norms"])
+    assert e == pytest.approx(f, rel=2e-2) and abs(e - n) > 3 * abs(e - f)
 
 
 def test_router_replay_r3_replays_the_rollout_routes(replay):
