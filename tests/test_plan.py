@@ -167,3 +167,13 @@ def test_layout_overrides_use_megatrons_names():
                        f"{actor}.expert_model_parallel_size=4", f"{actor}.expert_tensor_parallel_size=1"]
     assert out[6:12] == [o.replace(".actor.", ".ref.") for o in out[:6]]
     assert out[12:] == [f"+{actor}.override_transformer_config.num_layers_in_first_pipeline_stage=2"]
+
+
+def test_router_replay_data_in_the_memory_model():
+    from pathlib import Path
+
+    from mcore_dapo.bridge.hf_config import load_hf_config
+    from mcore_dapo.plan.memory import replay_bytes
+
+    cfg = load_hf_config(Path(__file__).resolve().parent.parent / "configs/models/qwen3-30b-a3b")
+    assert replay_bytes(cfg, 16384) == 16384 * 48 * 8 * 4  # tokens x MoE layers x top-k x 4 bytes

@@ -65,3 +65,63 @@ def test_verl_checkpoint_save_and_resume_through_the_plugin(engine_update):
     assert got["checkpoint_hf_tensors"] == got["tensors_synced"]
     assert got["checkpoint_vs_received"] == 0.0
     assert got["resumed_vs_received"] == 0.0
+
+
+@pytest.fixture(scope="module", params=[("EP2", "alltoall", 1, 2), ("TP2xEP2", "allgather", 2, 4)],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def replay(request, tmp_path_factory):
+    """Router replay through verl's worker calls (mcore_dapo.harness.verl_engine --replay): R2 records in
+    compute_log_prob, the routers are perturbed, update_actor replays (and is recomputed on the HF model
+    with the same routes forced); then R3 with routes of an HF model in the rollout's format; then bad
+    replay data."""
+    from mcore_dapo.harness.tiny import make_tiny_model
+
+    _, dispatcher, tp, world = request.param
+    tmp = tmp_path_factory.mktemp("verl-replay")
+    hf = make_tiny_model(tmp / "tiny")
+    (tmp / "work").mkdir()
+    return torchrun("mcore_dapo.harness.verl_engine",
+                    ["--hf-path", str(hf), "--work", str(tmp / "work"), "--ep", "2", "--tp", str(tp),
+                     "--dispatcher", dispatcher, "--replay"], world, timeout=600)
+
+
+def test_router_replay_r2_replays_the_recorded_routes(replay):
+    assert replay["routers"] == 4 and replay["recorded_shape"] == [8, 4, 2]  # samples, layers, top-k
+    # the perturbed routers pick other experts without replay (compute_log_prob against the recording)
+    assert replay["perturbed_vs_recorded"] < 0.9
+    # with R2 the update's routers returned the recorded top-k set for every token and layer
+    assert replay["r2_update_vs_recorded"] == [1.0, 1.0]
+
+
+def test_router_replay_r2_loss_matches_a_reference_with_the_same_routing(replay):
+    # the R2 update (perturbed routers, recorded routes replayed) recomputed in one fp32 process on the
+    # HF model from the engine's weights of that update, its routers forced to the recorded routes;
+    # the same reference routing by itself (the perturbed routers) is further away
+    forced, native = replay["r2_reference_forced"], replay["r2_reference_native"]
+    assert forced["forced_routes"] and native["forced_routes"] is None
+    # bf16 engine against an fp32 reference: the loss within bf16 rounding (the HF model itself in bf16
+    # is 3e-3 off its fp32 loss on these batches, docs/BENCHMARKS.md); too coarse to tell the two
+    # routings apart (their losses differ by about twice that), which the gradients do
+    assert replay["r2_loss"] == pytest.approx(forced["reference_loss"], rel=5e-3)
+    assert replay["r2_grad_norm"] == pytest.approx(forced["reference_grad_norm"], rel=5e-3)
+    assert abs(replay["r2_grad_norm"] - native["reference_grad_norm"]) \
+        > 3 * abs(replay["r2_grad_norm"] - forced["reference_grad_norm"])
+    # the routers' own gradients, where replay acts (the gate weights of the replayed experts), per MoE layer
+    engine = forced["engine_router_grad_norms"]
+    assert len(engine) == len(forced["reference_router_grad_norms"]) == replay["routers"]
+    assert engine == pytest.approx(forced["reference_router_grad_norms"], rel=5e-2)
+    total = (lambda v: sum(x * x for x in v) ** 0.5)
+    e, f, n = total(engine), total(forced["reference_router_grad_norms"]), total(native["reference_router_grad_norms"])
+    assert e == pytest.approx(f, rel=2e-2) and abs(e - n) > 3 * abs(e - f)
+
+
+def test_router_replay_r3_replays_the_rollout_routes(replay):
+    assert replay["rollout_routes_dtype"] == "torch.int32"
+    assert replay["r3_logprob_vs_rollout"] == 1.0
+    assert replay["r3_update_vs_rollout"] == [1.0, 1.0]
+
+
+def test_router_replay_bad_data_is_one_line(replay):
+    assert "router_replay.mode=R3" in replay["error_wrong_shape"] and "(6, 4, 1)" in replay["error_wrong_shape"]
+    assert "enable_rollout_routing_replay=True" in replay["error_missing"]
+    assert "\n" not in replay["error_wrong_shape"] + replay["error_missing"]

@@ -33,8 +33,8 @@ def test_main_ppo_argv_is_rewritten_only_for_verl_main():
     assert not rewrite_main_argv(other, ["python", "x.py", *other[1:]])
 
 
-def dry_run(script: str, *overrides: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "DRY_RUN": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+def dry_run(script: str, *overrides: str, **env_vars: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DRY_RUN": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env_vars}
     return subprocess.run(["bash", str(ROOT / "configs" / script), *overrides], capture_output=True, text=True,
                           env=env, timeout=300)
 
@@ -64,6 +64,20 @@ def test_dry_run_invalid(overrides, message):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert message in lines[-1] and lines[-1].startswith("error: ")
+
+
+def test_dry_run_router_replay_env():
+    # ROUTER_REPLAY=R3: verl's replay mode and the rollout returning its routed experts
+    p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1])["router_replay"] == "R3"
+    # R3 with a rollout that does not return routes would have nothing to replay: refused
+    p = dry_run("dapo_qwen3_30b_h100.sh", "actor_rollout_ref.rollout.enable_rollout_routing_replay=False",
+                ROUTER_REPLAY="R3")
+    assert p.returncode == 2 and "enable_rollout_routing_replay=True" in p.stderr.strip().splitlines()[-1]
+    p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R4")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == ["error: ROUTER_REPLAY=R4 is not accepted: accepted are off, R2, R3"]
 
 
 def test_engine_registered_for_cpu_after_verl_engine_import():

@@ -8,6 +8,22 @@
 #   ulysses_sequence_parallel_size, use_torch_compile (FSDP only) -> dropped
 #   gen_dp / rollout_world_size / enable_expert_parallel (not in 0.9.1's rollout config) -> dropped
 
+# ROUTER_REPLAY=off|R2|R3 (default off): MoE router replay in training (docs/VERL_PLUGIN.md, "Router replay").
+#   R2: compute_log_prob records the training routers' top-k, the update replays them.
+#   R3: the update and the log-prob pass replay the rollout's routing; the rollout returns it through
+#       rollout.enable_rollout_routing_replay=True, which verl's vLLM server turns into vLLM's
+#       enable_return_routed_experts (vLLM >= 0.22.0; verl refuses older ones). vLLM 0.31's check
+#       (vllm/config/vllm.py, _verify_aux_output_compatibility) wants Model Runner V2, prefix caching
+#       (verl's default) and no rollout pipeline parallelism: VLLM_USE_V2_MODEL_RUNNER=1 is exported.
+case "${ROUTER_REPLAY:-off}" in
+    off) REPLAY_ARGS=() ;;
+    R2) REPLAY_ARGS=(actor_rollout_ref.actor.megatron.router_replay.mode=R2) ;;
+    R3) REPLAY_ARGS=(actor_rollout_ref.actor.megatron.router_replay.mode=R3
+                     actor_rollout_ref.rollout.enable_rollout_routing_replay=True)
+        export VLLM_USE_V2_MODEL_RUNNER=1 ;;
+    *) echo "error: ROUTER_REPLAY=${ROUTER_REPLAY} is not accepted: accepted are off, R2, R3" >&2; exit 2 ;;
+esac
+
 max_prompt_length=$((1024 * 2))
 max_response_length=$((1024 * 6))
 train_prompt_bsz=32
@@ -54,6 +70,7 @@ DAPO_ARGS=(
     actor_rollout_ref.actor.loss_agg_mode=token-mean
     actor_rollout_ref.actor.strategy=megatron
     "${LAYOUT[@]}"
+    "${REPLAY_ARGS[@]}"
     actor_rollout_ref.actor.megatron.param_offload=${offload}
     actor_rollout_ref.actor.megatron.optimizer_offload=${offload}
     actor_rollout_ref.ref.megatron.param_offload=${offload}

@@ -86,6 +86,23 @@ def prepare(workdir: Path) -> dict:
     return {"model": model, "train": workdir / "train.parquet", "val": workdir / "val.parquet"}
 
 
+REPLAY_MODES = {"off": "disabled", "R2": "R2", "R3": "R3"}
+
+
+def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None) -> list[str]:
+    """``--router-replay off|R2|R3``: verl's replay mode, and the rollout returning its routed experts
+    (replayed under R3; the routing-agreement metric otherwise). ``rollout_dtype``: the rollout's dtype."""
+    from mcore_dapo.errors import UserError
+
+    out = [f"actor_rollout_ref.rollout.dtype={rollout_dtype}"] if rollout_dtype else []
+    if router_replay is None:
+        return out
+    if router_replay not in REPLAY_MODES:
+        raise UserError(f"--router-replay={router_replay!r} is not accepted: accepted are {', '.join(REPLAY_MODES)}")
+    return [*out, f"actor_rollout_ref.actor.megatron.router_replay.mode={REPLAY_MODES[router_replay]}",
+            "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"]
+
+
 def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3) -> list[str]:
     """The DAPO overrides of configs/dapo/common.sh, at tiny sizes, for 2 CPU processes."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
@@ -140,7 +157,8 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False) -> dict:
+def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
+        router_replay: str | None = None, rollout_dtype: str | None = None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step."""
     import shutil
@@ -157,7 +175,8 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     if audit:
         env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
-    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps, lr=lr)]
+    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps, lr=lr),
+           *replay_overrides(router_replay, rollout_dtype)]
     t0 = time.time()
     with open(workdir / "train.log", "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=workdir)
@@ -191,8 +210,13 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--audit", action="store_true",
                     help="recompute every update on the HF model from the engine's weights of that step")
+    ap.add_argument("--router-replay", choices=list(REPLAY_MODES), default=None,
+                    help="router replay (off, R2, R3); the rollout returns its routed experts for the "
+                         "routing-agreement metric (actor/routing/rollout_agreement)")
+    ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
     a = ap.parse_args(argv)
-    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit)
+    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit,
+                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 

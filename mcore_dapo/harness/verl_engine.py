@@ -30,11 +30,14 @@ MICRO = 2
 
 
 def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1, *, world: int = 2, device: str = "cpu",
-              remove_padding: bool = False) -> list[str]:
+              remove_padding: bool = False, router_replay: str = "disabled", dispatcher: str = "alltoall") -> list[str]:
     """What a user writes (the guide's DAPO settings, tiny sizes), strategy=megatron included;
     ``remove_padding``: packed sequences (THD), where the device's attention supports them."""
     a = "actor_rollout_ref.actor"
-    return [
+    extra = [f"{a}.megatron.router_replay.mode={router_replay}"] if router_replay != "disabled" else []
+    if dispatcher != "alltoall":
+        extra.append(f"+{a}.megatron.override_transformer_config.moe_token_dispatcher_type={dispatcher}")
+    return [*extra,
         f"{a}.strategy=megatron",
         f"actor_rollout_ref.model.path={hf_path}",
         f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
@@ -179,6 +182,163 @@ def run(a) -> dict:
     return result
 
 
+def replay_run(a) -> dict:
+    """Router replay through verl's worker calls: R2 (record in compute_log_prob, perturb the routers,
+    replay in update_actor), then R3 with routes of an HF model in the rollout's format."""
+    import torch.distributed as dist
+
+    import os
+
+    from mcore_dapo.verl_plugin import audit
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+    from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
+    from mcore_dapo.verl_plugin.rollout_cpu import RouteRecorder
+    from transformers import AutoConfig
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    c = compose(rewrite(overrides(a.hf_path, a.ep, a.tp, a.pp, world=dist_world(), device=a.device,
+                                  router_replay="R2", dispatcher=a.dispatcher)))
+    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
+    worker.init_model()
+    engine = worker.actor.engine
+    dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
+    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size, seed=a.seed)
+    data = rollout_batch(batch)
+    mini = GROUPS * N
+    probe = engine._mcore_route_probe
+    result = {"layout": engine.mapping.layout.describe(), "dispatcher": engine.tf_config.moe_token_dispatcher_type,
+              "routers": len(probe.routers)}
+
+    def infer(td):
+        tu.assign_non_tensor(td, calculate_entropy=True, calculate_sum_pi_squared=False, compute_loss=False)
+        return worker.compute_log_prob(dispatch(td, dp, dp_rank))
+
+    def update(td):
+        tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                             global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
+                             dataloader_kwargs={"shuffle": False}, compute_loss=True)
+        out = worker.update_actor(dispatch(td, dp, dp_rank))
+        return _shared(engine, tu.get(out, "metrics") if out is not None else None)
+
+    # R2: compute_log_prob records the routes of every layer and token
+    td = engine_batch(data)
+    out = infer(td)
+    recorded = _gather_routes(engine, out, dp_rank, len(data))
+    # the old policy: those log-probs plus noise (as :func:`run`), so that the loss follows the new
+    # log-probs (ratios near 1) and with them the routing
+    current = _gather_logp(engine, out, dispatch(td, dp, dp_rank), len(data))
+    noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(3)) * 0.3
+    old = (current + noise) * batch["response_mask"]
+    result["recorded_shape"] = [len(recorded), *recorded[0].shape[1:]]
+    # a perturbation of the routers that changes routing without replay
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for _, router in model_routers(engine.module):
+            router.weight.add_(torch.randn(router.weight.shape, generator=g).to(router.weight.dtype) * a.perturb)
+    routed = torch.nested.as_nested_tensor(recorded, layout=torch.jagged)
+    td = engine_batch(data)
+    td["routed_experts"] = routed  # as the rollout's: compared, not replayed, by R2's recording pass
+    infer(td)
+    result["perturbed_vs_recorded"] = _shared(engine, dict(engine._mcore_routing_metrics)).get(AGREEMENT)
+    engine._mcore_routing_metrics.clear()
+    td = engine_batch(data, old)
+    td["routed_experts"] = routed
+    # the audit writes the perturbed weights, the batch with its routes and the grad norm: the same
+    # update is recomputed below on the HF model with the recorded routes forced (and without)
+    os.environ[audit.ENV] = str(Path(a.work) / "audit-r2")
+    try:
+        metrics = update(td) or {}
+    finally:
+        os.environ.pop(audit.ENV)
+    result["r2_update_vs_recorded"] = metrics.get(REPLAYED)
+    result["r2_loss"] = _scalar(metrics.get("loss"))
+    result["r2_grad_norm"] = _scalar(metrics.get("grad_norm"))
+
+    # R3: routes of an HF model (the rollout's own routers), int32 [tokens - 1, layers, top_k] per sample
+    # the same engine switched to R3 (one launch for both modes; verl reads the mode at each batch, and
+    # builds R2 and R3 alike: replay-enabled routers)
+    object.__setattr__(engine.engine_config.router_replay, "mode", "R3")
+    hf = hf_model(a.hf_path, dtype=torch.float32)
+    recorder = RouteRecorder(hf)
+    routes = []
+    with torch.no_grad():
+        for row, n in zip(data.batch["input_ids"], data.batch["attention_mask"].sum(1).tolist()):
+            recorder.rows.clear()
+            hf(input_ids=row[: n - 1][None])  # every token fed to a rollout: all but the last
+            routes.append(recorder.routes())
+    recorder.close()
+    result["rollout_routes_dtype"] = str(routes[0].dtype)
+    td = engine_batch(data)
+    td["routed_experts"] = torch.nested.as_nested_tensor([r.to(torch.int16) for r in routes], layout=torch.jagged)
+    infer(td)
+    result["r3_logprob_vs_rollout"] = _shared(engine, dict(engine._mcore_routing_metrics)).get(AGREEMENT)
+    td = engine_batch(data, old)  # (union: data keeps these old log-probs)
+    td["routed_experts"] = torch.nested.as_nested_tensor([r.to(torch.int16) for r in routes], layout=torch.jagged)
+    metrics = update(td) or {}
+    result["r3_update_vs_rollout"] = metrics.get(REPLAYED)
+    result["r3_logprob_vs_rollout_in_update_metrics"] = metrics.get(AGREEMENT)
+    # bad input: routes of the wrong shape, and R3 without routes
+    for name, bad in (("wrong_shape", [r[:, :, :1] for r in routes]), ("missing", None)):
+        td = engine_batch(data)
+        if bad is not None:
+            td["routed_experts"] = torch.nested.as_nested_tensor([r.to(torch.int16) for r in bad], layout=torch.jagged)
+        try:
+            infer(td)
+            result[f"error_{name}"] = None
+        except Exception as e:  # noqa: BLE001  (the worker's one-line UserError)
+            result[f"error_{name}"] = f"{type(e).__name__}: {e}"
+    if dist.get_rank() != 0:
+        return None
+    from mcore_dapo.harness.audit_reference import reference_step
+
+    folder = next((Path(a.work) / "audit-r2").glob("step-*"))
+    result["r2_reference_forced"] = reference_step(folder)
+    result["r2_reference_native"] = reference_step(folder, force_routes=False)
+    return result
+
+
+def _gather_logp(engine, out, mine, bs: int) -> torch.Tensor:
+    """The whole batch's log-probs ``[bs, RESPONSE]`` on every rank, from compute_log_prob's output."""
+    import torch.distributed as dist
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    dp = engine.get_data_parallel_size()
+    logp = None if out is None else no_padding_2_padding(out["log_probs"], mine).float()
+    logp = _broadcast_from_collectors(engine, logp, (bs // dp, RESPONSE))
+    full = [torch.empty_like(logp) for _ in range(dp)]
+    dist.all_gather(full, logp.contiguous(), group=engine.get_data_parallel_group())
+    return torch.cat(full)
+
+
+def _scalar(v):
+    v = v[0] if isinstance(v, list) else v
+    return None if v is None else float(v)
+
+
+def _shared(engine, value):
+    """A value from the ranks that have it (verl returns outputs on its collector ranks) to all ranks."""
+    import torch.distributed as dist
+
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, value)
+    return next((v for v in got if v), value)
+
+
+def _gather_routes(engine, out, dp_rank: int, bs: int) -> list[torch.Tensor]:
+    """The whole batch's recorded routes on every rank (verl returns each DP shard on its collectors)."""
+    import torch.distributed as dist
+
+    mine = None if out is None else (dp_rank, [t.clone() for t in out["routed_experts"].unbind()])
+    got = [None] * dist.get_world_size()
+    dist.all_gather_object(got, mine)
+    shards = dict(x for x in got if x is not None)
+    routes = [t for k in sorted(shards) for t in shards[k]]
+    assert len(routes) == bs, (len(routes), bs)
+    return routes
+
+
 def saved_vs_received(engine, receiver, folder: Path) -> dict:
     """verl's own ``save_checkpoint`` (its MegatronCheckpointManager: HF weights through the plugin's
     checkpoint bridge, the optimizer through Megatron's dist checkpointing); the HF weights it wrote
@@ -248,11 +408,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=7, help="seed of the batch (tokens, lengths of the responses)")
     ap.add_argument("--device", default="cpu", help="verl's trainer.device")
     ap.add_argument("--remove-padding", action="store_true", help="packed sequences (THD)")
+    ap.add_argument("--replay", action="store_true", help="router replay R2 then R3 (replay_run)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--replay)")
+    ap.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
+    ap.add_argument("--perturb", type=float, default=0.05, help="noise added to the router weights (R2)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     from mcore_dapo.runtime.launch import finish_worker
 
-    return finish_worker(run(a), a.out)
+    return finish_worker(replay_run(a) if a.replay else run(a), a.out)
 
 
 if __name__ == "__main__":

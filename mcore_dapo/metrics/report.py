@@ -7,6 +7,7 @@ COLUMNS = (
     ("logp s", "timing_s/old_log_prob", ".1f"), ("update s", "timing_s/update_actor", ".1f"),
     ("e2e_tps", "e2e_tps", ".2f"), ("update_tps", "update_tps", ".2f"), ("vllm_tps", "vllm_tps", ".2f"),
     ("reward", "critic/rewards/mean", ".3f"), ("resp len", "response_length/mean", ".0f"),
+    ("route agr", "actor/routing/rollout_agreement", ".4f"),  # rollout vs training top-k sets (MoE)
 )
 
 

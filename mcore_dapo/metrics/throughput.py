@@ -25,6 +25,7 @@ SUMMARY_KEYS = (
     "e2e_tps", "update_tps", "vllm_tps", "timing_s/step", "timing_s/gen", "timing_s/old_log_prob",
     "timing_s/update_actor", "critic/rewards/mean", "critic/score/mean", "response_length/mean",
     "prompt_length/mean", "perf/max_memory_allocated_gb", "perf/throughput",
+    "actor/routing/rollout_agreement", "actor/routing/replay_agreement",
 )
 
 

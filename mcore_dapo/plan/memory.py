@@ -17,6 +17,8 @@ in Large Transformer Models", adapted to GQA and routed experts). Assumptions, a
 stated here: routed tokens are ``top-k x MOE_IMBALANCE`` per token; logits cost 8 bytes
 per token and vocabulary entry (fp32 logits and their gradient); a fixed
 ``OVERHEAD_GIB`` covers the runtime context, communicator buffers and fragmentation.
+Router replay (R2/R3) holds one micro-batch's routes on the device: tokens x MoE layers x top-k
+x ``REPLAY_BYTES`` (int32 expert indices, the rollout's format); counted whether replay is on or not.
 """
 
 from __future__ import annotations
@@ -33,6 +35,15 @@ GIB = 1024**3
 MOE_IMBALANCE = 1.2
 OVERHEAD_GIB = 3.0
 LOGIT_BYTES = 8
+REPLAY_BYTES = 4
+
+
+def replay_bytes(cfg: HFModelConfig, tokens: float) -> float:
+    """Router replay data of ``tokens`` tokens: tokens x MoE layers x top-k x 4 bytes."""
+    if not cfg.is_moe:
+        return 0.0
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    return tokens * moe_layers * cfg.num_experts_per_tok * REPLAY_BYTES
 
 
 @dataclass(frozen=True)
@@ -44,6 +55,7 @@ class StageMemory:
     activations: float
     logits: float
     dispatch: float
+    replay: float
     overhead: float
     update_total: float
     rollout_total: float
@@ -123,12 +135,13 @@ def stage_memory(cfg: HFModelConfig, pl: PlanLayout, w: Workload, stage: int, rp
     dispatch = 0.0
     if cfg.is_moe and layers:
         dispatch = 2 * tokens * cfg.num_experts_per_tok * MOE_IMBALANCE / lay.tp * 2 * cfg.hidden_size
+    replay = replay_bytes(cfg, tokens)
     resident = {"none": params + grads + optimizer, "optimizer": params + grads, "param+optimizer": 0.0}[w.offload]
     oh = OVERHEAD_GIB * GIB
-    update = params + grads + optimizer + acts + logits + dispatch + oh
+    update = params + grads + optimizer + acts + logits + dispatch + replay + oh
     rollout = resident + oh + w.gpu_memory_utilization * w.device.hbm_gib * GIB
     g = lambda x: x / GIB  # noqa: E731
-    return StageMemory(stage, g(params), g(grads), g(optimizer), g(acts), g(logits), g(dispatch), OVERHEAD_GIB,
+    return StageMemory(stage, g(params), g(grads), g(optimizer), g(acts), g(logits), g(dispatch), g(replay), OVERHEAD_GIB,
                        g(update), g(rollout))
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mcore_dapo.bridge import HFModelConfig
-from mcore_dapo.plan.memory import LOGIT_BYTES, MOE_IMBALANCE, OVERHEAD_GIB
+from mcore_dapo.plan.memory import GIB, LOGIT_BYTES, MOE_IMBALANCE, OVERHEAD_GIB, replay_bytes
 from mcore_dapo.plan.params import model_params
 from mcore_dapo.plan.planner import Candidate, verl_overrides
 from mcore_dapo.plan.timing import LINK_EFFICIENCY
@@ -29,6 +29,9 @@ def header(cfg: HFModelConfig, w: Workload, candidates: list[Candidate], shown: 
         f"{w.micro_batch_tokens} tokens per micro-batch, recompute {w.recompute}, offload {w.offload}, "
         f"vLLM share {w.gpu_memory_utilization}",
         "assumptions: " + ASSUMPTIONS.format(eff=w.efficiency),
+        *([f"router replay data (tokens x MoE layers x top-k x 4 B): {replay_bytes(cfg, w.micro_batch_tokens) / 2**20:.1f} "
+           f"MiB per micro-batch on the device (in the update figures), "
+           f"{replay_bytes(cfg, w.step_tokens) / GIB:.2f} GiB for the step's whole batch"] if cfg.is_moe else []),
         f"{len(candidates)} legal layouts, {fitting} fit in memory"
         + (f"; {len(candidates) - shown} CP variants that gain nothing left out (--all lists them)"
            if shown < len(candidates) else ""),

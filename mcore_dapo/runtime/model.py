@@ -22,7 +22,8 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
 
     ``config_kw`` goes to :func:`build_transformer_config`: its ``overrides`` (TransformerConfig
     fields) set, for instance, uneven first/last pipeline stages. ``init_weights=False`` leaves the
-    parameters uninitialised, for weights loaded next or for counting them."""
+    parameters uninitialised, for weights loaded next or for counting them (their tensor-parallel
+    attributes are set all the same: :func:`mark_tensor_parallel`)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
@@ -43,8 +44,55 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
             vp_stage=vp_stage,
             **kw,
         )
+        if not init_weights:
+            mark_tensor_parallel(model)
         chunks.append(adapter.to_device(model))
     return chunks, tf
+
+
+def mark_tensor_parallel(model: torch.nn.Module) -> int:
+    """Set ``tensor_model_parallel`` / ``partition_dim`` / ``partition_stride`` on the weights of
+    Megatron's own tensor-parallel layers that have none of them; returns how many were set.
+
+    Megatron-core 0.16.1 sets these attributes inside ``_initialize_affine_weight_cpu`` and
+    ``_initialize_affine_weight_gpu`` (``megatron/core/tensor_parallel/layers.py``; the grouped
+    experts likewise in ``megatron/core/transformer/moe/experts.py``), which its layers call only
+    when ``config.perform_initialization`` is true. A model built without initialisation (weights
+    loaded afterwards, as here) then has TP-split weights that look replicated, and Megatron's
+    gradient norm (``param_is_not_tensor_parallel_duplicate``) counts them on TP rank 0 only: under
+    TP > 1 the reported norm is too small and gradient clipping acts on it. The values set are those
+    of the initialising path: the stride is 2 for a gated MLP's ``linear_fc1`` (``MLP.__init__`` in
+    ``megatron/core/transformer/mlp.py``), 1 elsewhere."""
+    from megatron.core.tensor_parallel.layers import (_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS as TP_ATTRS,
+                                                      ColumnParallelLinear,
+                                                      RowParallelLinear, VocabParallelEmbedding,
+                                                      set_tensor_model_parallel_attributes)
+    from megatron.core.transformer.mlp import MLP
+    from megatron.core.transformer.moe.experts import GroupedMLP
+
+    split_dims = (  # which dimension of each weight the layer splits over its tensor-parallel group
+        (VocabParallelEmbedding, {"weight": 0}),
+        (ColumnParallelLinear, {"weight": 0, "bias": 0}),
+        (RowParallelLinear, {"weight": 1}),
+        (GroupedMLP, {"weight1": 1, "weight2": 0}),
+    )
+    strides = {}
+    for module in model.modules():
+        fc1 = getattr(module, "linear_fc1", None) if isinstance(module, MLP) else None
+        if fc1 is not None and module.config.gated_linear_unit and not module.config.use_kitchen:
+            strides[id(fc1)] = 2
+    n = 0
+    for module in model.modules():
+        for cls, dims in split_dims:
+            if not isinstance(module, cls):
+                continue
+            for attr, dim in dims.items():
+                p = getattr(module, attr, None)
+                if not isinstance(p, torch.nn.Parameter) or any(hasattr(p, k) for k in TP_ATTRS):
+                    continue
+                set_tensor_model_parallel_attributes(p, is_parallel=True, dim=dim, stride=strides.get(id(module), 1))
+                n += 1
+    return n
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,12 @@
 With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, every
 ``McoreDapoEngine.train_batch`` first writes the weights it is about to update (HF format, through
 :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
-response mask, old log-probs, advantages) to ``D/step-N/``, then the gradient norm verl's
-optimizer reports. :func:`mcore_dapo.harness.audit_reference.reference` recomputes each step on the HF model loaded from those
-weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch) and returns
+response mask, old log-probs, advantages, and the routed experts the update replays under router
+replay R2/R3) to ``D/step-N/``, then the gradient norm verl's optimizer reports and each MoE
+router's gradient norm before the optimizer step.
+:func:`mcore_dapo.harness.audit_reference.reference` recomputes each step on the HF model loaded from those
+weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; with routes in
+the batch, its routers forced to them) and returns
 both gradient norms: the engine's whole path (verl's micro-batching and loss scaling, Megatron's
 schedules, EP all-to-all, DDP reduction, bf16) against a plain one-process computation.
 
@@ -22,6 +25,7 @@ import torch
 
 ENV = "MCORE_DAPO_AUDIT_DIR"
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
+ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
 
 
 def enabled() -> bool:
@@ -47,9 +51,39 @@ def audited_train_batch(engine, train_batch, data, loss_function):
             src = Path(engine.model_config.local_path) / name
             if src.is_file():
                 shutil.copy(src, folder / "hf" / name)
-    batch = {k: _pieces(data[k]) for k in FIELDS if k in data.keys()}
-    out = train_batch(data, loss_function)
+    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES) if k in data.keys()}
+    routers: dict[int, float] = {}
+    optimizer = engine.optimizer
+    step_fn, own = optimizer.step, "step" in vars(optimizer)
+
+    def step_after_reading_router_grads(*args, **kwargs):
+        routers.update(router_grad_norms(engine.module))  # reduced, not yet clipped
+        return step_fn(*args, **kwargs)
+
+    optimizer.step = step_after_reading_router_grads
+    try:
+        out = train_batch(data, loss_function)
+    finally:
+        if own:
+            optimizer.step = step_fn
+        else:
+            del optimizer.step  # the class's own again
     grad_norm = out["metrics"].get("grad_norm") if out is not None and "metrics" in out else None
-    torch.save({"batch": batch, "grad_norm": None if grad_norm is None else float(grad_norm)},
-               folder / f"rank{rank:03d}.pt")
+    torch.save({"batch": batch, "grad_norm": None if grad_norm is None else float(grad_norm),
+                "router_grad_norms": routers}, folder / f"rank{rank:03d}.pt")
+    return out
+
+
+def router_grad_norms(chunks) -> dict[int, float]:
+    """Gradient norm of each MoE router weight this rank holds, by layer number (1-based): the gradient
+    Megatron's optimizer is about to use (``main_grad`` of its DDP buffer, reduced over data and
+    sequence parallelism). Router replay changes these most: the gate weights of replayed experts."""
+    from mcore_dapo.verl_plugin.router_replay import model_routers
+
+    out = {}
+    for number, router in model_routers(chunks):
+        g = getattr(router.weight, "main_grad", None)
+        g = router.weight.grad if g is None else g
+        if g is not None:
+            out[int(number)] = float(g.detach().float().norm())
     return out

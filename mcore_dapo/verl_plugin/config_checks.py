@@ -95,6 +95,23 @@ def validate(c, model_dir=None) -> dict:
     dp = layout.dp(world)
     check_batches(c, dp, world)
     check_packing(c)
+    replay = check_router_replay(c, cfg)
     return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
             "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
-            "device": str(c.trainer.get("device") or "")}
+            "device": str(c.trainer.get("device") or ""), "router_replay": replay}
+
+
+def check_router_replay(c, cfg) -> str:
+    """``actor.megatron.router_replay.mode``: R2/R3 need MoE layers; R3 replays the rollout's routes,
+    so the rollout must return them (``rollout.enable_rollout_routing_replay``: vLLM's
+    ``enable_return_routed_experts``). Without that R3 would have nothing to replay."""
+    replay = str(c.actor_rollout_ref.actor.megatron.get("router_replay", {}).get("mode", "disabled"))
+    if replay == "disabled":
+        return replay
+    if not cfg.is_moe:
+        raise UserError(f"router_replay.mode={replay} needs a model with MoE layers; this one has none; "
+                        "accepted with it is router_replay.mode=disabled")
+    if replay == "R3" and not c.actor_rollout_ref.rollout.get("enable_rollout_routing_replay", False):
+        raise UserError("router_replay.mode=R3 replays the rollout's routed experts, and the rollout does not "
+                        "return them: set actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
+    return replay

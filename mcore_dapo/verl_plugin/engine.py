@@ -97,8 +97,27 @@ def engine_class():
             from mcore_dapo.verl_plugin import audit
 
             if audit.enabled():  # MCORE_DAPO_AUDIT_DIR: weights, batch and grad norm of every step
-                return audit.audited_train_batch(self, super().train_batch, data, loss_function)
-            return super().train_batch(data, loss_function)
+                out = audit.audited_train_batch(self, super().train_batch, data, loss_function)
+            else:
+                out = super().train_batch(data, loss_function)
+            if out is not None and "metrics" in out:  # routing agreement of the last passes (one value, all ranks)
+                out["metrics"].update({k: [v] for k, v in self._mcore_routing_metrics.items()})
+            self._mcore_routing_metrics.clear()
+            return out
+
+        def forward_backward_batch(self, data, loss_function, forward_only=False):
+            from mcore_dapo.verl_plugin import router_replay
+
+            return router_replay.forward_backward_batch(self, super().forward_backward_batch, data, loss_function,
+                                                        forward_only)
+
+        def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
+            from mcore_dapo.verl_plugin import router_replay
+
+            if self.engine_config.use_remove_padding or getattr(self, "_mcore_route_probe", None) is None:
+                return super().forward_step(batch_iter, model, logits_processor_func, postprocess_micro_batch_func)
+            return router_replay.bshd_forward_step(self, super().forward_step, batch_iter, model,
+                                                   logits_processor_func, postprocess_micro_batch_func)
 
     return McoreDapoEngine
 
@@ -138,8 +157,14 @@ def _build_tf_config(engine) -> None:
     if flags and not adapter.takes_feature_flags():
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
+    from mcore_dapo.verl_plugin.router_replay import config_fields
+
+    # verl's own _build_tf_config sets the replay flag; this one replaces it (R2/R3 would be silently off)
+    fields = {**fields, **config_fields(cfg, str(engine.engine_config.router_replay.mode))}
+    engine.mcore_dispatcher = fields.pop("moe_token_dispatcher_type", "alltoall")
     engine.mcore_overrides = fields = _attention_backend(fields, adapter)
-    tf = build_transformer_config(cfg, engine.mapping.layout, fields, dtype=dtype, aux_loss_coeff=0.0)
+    tf = build_transformer_config(cfg, engine.mapping.layout, fields, dtype=dtype, aux_loss_coeff=0.0,
+                                  dispatcher=engine.mcore_dispatcher)
     from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
 
     # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
@@ -175,7 +200,12 @@ def _build_megatron_module(engine):
     adapter = get_adapter()
     adapter.apply_patches()
     chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
-                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides)
+                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher)
+    engine._mcore_routing_metrics = {}
+    if engine.mapping.cfg.is_moe:  # routing agreement, from the routing maps the routers return
+        from mcore_dapo.verl_plugin.router_replay import RouteProbe
+
+        engine._mcore_route_probe = RouteProbe(chunks, tf)
     if engine.engine_config.use_dist_checkpointing:
         import logging
 

@@ -8,8 +8,10 @@ this module gives verl the same three pieces on the CPU, with HF transformers as
 
 * :class:`CpuRolloutServer`: a Ray actor per replica holding the HF model; sampling with
   temperature / top-p / top-k and ``ignore_eos``, the response length rules of verl's vLLM
-  server, optional log-probs (``repetition_penalty`` and per-request seeds are not applied;
-  the server's generator is seeded from ``rollout.seed`` and the replica rank); weights
+  server, optional log-probs, and with ``rollout.enable_rollout_routing_replay`` the routed
+  experts of every token fed, from its own routers (router replay R3); ``repetition_penalty``
+  and per-request seeds are not applied (the server's generator is seeded from ``rollout.seed``
+  and the replica rank); weights
   arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
 * :class:`CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
 * :class:`CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the trainer
@@ -56,11 +58,53 @@ def response_budget(config, prompt_len: int, sampling_params: dict) -> int:
     return max(1, min(int(n), possible))
 
 
+class RouteRecorder:
+    """The experts the model's routers pick for every token fed through it, in verl's format:
+    ``[tokens, MoE layers, top_k]`` int32 (what vLLM's ``enable_return_routed_experts`` returns)."""
+
+    def __init__(self, model):
+        self.rows: list[list[torch.Tensor]] = []
+        self.handles = [m.register_forward_hook(self._hook(i)) for i, m in enumerate(moe_gates(model))]
+        self.layers = len(self.handles)
+
+    def _hook(self, i):
+        def hook(module, args, output):
+            if i == 0:
+                self.rows.append([])
+            self.rows[-1].append(output[2].detach().to(torch.int32))  # [tokens, top_k]
+        return hook
+
+    def routes(self) -> torch.Tensor:
+        return torch.cat([torch.stack(step, dim=1) for step in self.rows])
+
+    def close(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def moe_gates(model) -> list:
+    """The top-k routers of an HF Qwen3-MoE model, by layer (dense layers have none)."""
+    return [m for name, m in model.named_modules() if name.endswith("mlp.gate") and hasattr(m, "top_k")]
+
+
 def sample(model, prompt_ids: list[int], max_tokens: int, *, temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = -1, eos: set[int] | None = None, generator: torch.Generator | None = None,
-           want_logprobs: bool = False) -> tuple[list[int], list[float] | None, str]:
+           want_logprobs: bool = False, want_routes: bool = False):
     """Token-by-token sampling with a KV cache; greedy at temperature 0. Log-probs are those of
-    the sampled token under the temperature-scaled distribution (what vLLM reports)."""
+    the sampled token under the temperature-scaled distribution (what vLLM reports).
+    ``want_routes``: a fourth value, the routed experts of every token fed (prompt and response
+    but the last token), as :class:`RouteRecorder` gives them."""
+    recorder = RouteRecorder(model) if want_routes else None
+    try:
+        result = _sample(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, eos=eos,
+                         generator=generator, want_logprobs=want_logprobs)
+        return (*result, recorder.routes()) if recorder else result
+    finally:
+        if recorder:
+            recorder.close()
+
+
+def _sample(model, prompt_ids, max_tokens, *, temperature, top_p, top_k, eos, generator, want_logprobs):
     eos = eos or set()
     ids = torch.tensor([prompt_ids])
     past, out, logps = None, [], []
@@ -126,17 +170,19 @@ class CpuRolloutServer:
         params = dict(sampling_params)
         max_tokens = response_budget(self.config, len(prompt_ids), params)
         want_logprobs = bool(params.pop("logprobs", False))
+        want_routes = bool(self.config.enable_rollout_routing_replay)  # as verl's vLLM server asks vLLM
 
         def run():
             with self.lock:
                 return sample(self.model, list(prompt_ids), max_tokens, temperature=float(params.get("temperature", 1.0)),
                               top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
                               eos=set() if params.get("ignore_eos") else self.eos, generator=self.generator,
-                              want_logprobs=want_logprobs)
+                              want_logprobs=want_logprobs, want_routes=want_routes)
 
-        tokens, logprobs, reason = await asyncio.to_thread(run)
+        tokens, logprobs, reason, *routes = await asyncio.to_thread(run)
         self.requests += 1
         return TokenOutput(token_ids=tokens, log_probs=logprobs, stop_reason=reason,
+                           routed_experts=routes[0].numpy() if routes else None,
                            extra_fields={"global_steps": self.global_steps})
 
     def load_weights(self, weights: list, global_steps=None) -> int:
