@@ -116,8 +116,6 @@ class NpuAdapter(DeviceAdapter):
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is
         # what builds (and its checkpoint keys are what verl's Ascend path expects).
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from mcore_dapo.megatron_compat import decoder_block_spec
 
-        return get_gpt_decoder_block_spec(
-            config, use_transformer_engine=True, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
-        )
+        return decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage, pp_rank=pp_rank)
