@@ -42,6 +42,18 @@ def nvidia_apex() -> str:
     return "absent (an unrelated `apex` package is installed)"
 
 
+def stack(installed: dict) -> list[dict]:
+    """torch, megatron-core and verl against the ranges this project supports (mcore_dapo.versions)."""
+    from mcore_dapo import versions
+
+    out = []
+    for package in ("torch", "megatron-core", "verl"):
+        v = installed[package]
+        out.append({"package": package, "installed": v, "supported": versions.supported_range(package),
+                    "ok": v != "absent" and versions.is_supported(package, v)})
+    return out
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -62,6 +74,7 @@ def collect(device: str | None = None) -> dict:
         for st in adapter.patch_status()
     ]
     return {
+        "stack": stack(versions),
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -80,6 +93,9 @@ def render(info: dict) -> str:
         "packages:",
     ]
     lines += [f"  {k:20s} {v}" for k, v in info["versions"].items()]
+    lines += ["", "supported stack:"]
+    lines += [f"  {s['package']:20s} {s['installed']:14s} {s['supported']:16s} "
+              f"{'ok' if s['ok'] else 'NOT SUPPORTED'}" for s in info["stack"]]
     lines += ["", f"patches for {info['device']}:"]
     if not info["patches"]:
         lines.append("  none")
