@@ -15,11 +15,11 @@ PYTEST_ARGS ?=
 ifeq ($(STACK),main)
 VENV   := .venv
 LOCKS  := requirements/lock.txt requirements/lock-verl.txt
-SELECT :=
+SELECT := -m "not ascend_stack"
 else ifeq ($(STACK),ascend)
 VENV   := .venv-ascend
 LOCKS  := requirements/lock-ascend.txt
-SELECT := -m both_stacks
+SELECT := -m "both_stacks or ascend_stack"
 else
 $(error STACK=$(STACK) is not accepted: accepted are main, ascend)
 endif
