@@ -4,6 +4,9 @@ Decided by asking the installed Megatron (its signatures), not by its version nu
 releases in between work where they have either form. Imports Megatron lazily (MindSpeed first on
 Ascend).
 
+* The TP all-reduce of replicated gradients (norms under sequence parallelism, q/k norms): 0.16's
+  ``finalize_model_grads._allreduce_non_tensor_model_parallel_grads``, 0.12.1's
+  ``_allreduce_layernorm_grads`` (same arguments: model chunks, config).
 * Virtual pipeline stages: 0.16 passes ``vp_stage`` to the block spec, ``GPTModel`` and
   ``is_pipeline_first/last_stage``; 0.12.1 has none of these arguments and reads the stage from
   ``parallel_state``'s virtual pipeline rank instead (``megatron/core/transformer/transformer_block.py``
@@ -77,3 +80,14 @@ def is_last_stage(vp_stage: int | None) -> bool:
 
     return ps.is_pipeline_last_stage(ignore_virtual=False,
                                      **stage_kwargs(ps.is_pipeline_last_stage, vp_stage))
+
+
+def allreduce_tp_replicated_grads(chunks, config) -> None:
+    """Megatron's TP all-reduce of the gradients of TP-replicated parameters (sequence-parallel and q/k
+    norms), under the name the installed Megatron gives it."""
+    import importlib
+
+    # (the package megatron.core.distributed re-exports the function finalize_model_grads under the module's name)
+    fmg = importlib.import_module("megatron.core.distributed.finalize_model_grads")
+    fn = getattr(fmg, "_allreduce_non_tensor_model_parallel_grads", None) or fmg._allreduce_layernorm_grads
+    fn(chunks, config)

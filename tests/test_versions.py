@@ -69,3 +69,15 @@ def test_checkpoint_of_an_unsupported_megatron_is_refused_before_anything_is_wri
     assert f"was written by megatron-core {writer}: checkpoints of megatron-core>=0.12.1,<0.17 are read" \
         in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mcore"]
+
+
+def test_converters_refuse_an_unsupported_megatron_before_writing(tiny_moe, tmp_path, monkeypatch):
+    from mcore_dapo.bridge import Layout
+    from mcore_dapo.convert.api import hf2mcore
+
+    real = versions.installed
+    monkeypatch.setattr(versions, "installed", lambda p: "0.11.0" if p == "megatron-core" else real(p))
+    with pytest.raises(UserError, match=r"^megatron-core 0.11.0 is not supported: supported is "
+                                        r"megatron-core>=0.12.1,<0.17 \(tested: 0.16.1 and 0.12.1\)$"):
+        hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    assert list(tmp_path.iterdir()) == []
