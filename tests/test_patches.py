@@ -124,7 +124,10 @@ def test_apply_and_undo_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", APPLY_AND_UNDO], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     # every patch but those outside this stack's versions (megatron-core 0.12.1 or 0.16.1, torch 2.7.1 or 2.13.0)
-    assert int(out.stdout.strip().splitlines()[-1]) == len(registry.load_manifest()) - 2
+    load_implementations()
+    expected = [s for s in registry.status("cpu") if s.applies]
+    assert len(registry.load_manifest()) - len(expected) in (1, 3)
+    assert int(out.stdout.strip().splitlines()[-1]) == len(expected)
 
 
 HF_UNDER_PATCHES = r"""

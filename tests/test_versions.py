@@ -52,6 +52,7 @@ def test_env_reports_which_patches_apply_to_this_stack():
         # te_general_gemm exists in megatron-core's moe_utils from 0.13 on: nothing to patch on 0.12.x
         "megatron.router-gemm-without-te": mcore >= (0, 13, 0),
         "megatron.numpy2-product": mcore < (0, 16, 0),  # 0.16 calls np.prod itself
+        "cpu.megatron.schedule-token-counter": mcore < (0, 14, 0),  # 0.14 on: no Tensor.cuda() there
         "cpu.torch.gloo-average": torch_v < Version("2.13"),  # 2.13's gloo averages
     }
     assert {k: v for k, v in patches.items() if k in depends} == depends

@@ -14,6 +14,7 @@ from mcore_dapo.patching.megatron_cpu import (  # noqa: F401
     float16_optimizer,
     rng_state,
     router_gemm,
+    schedule_token_counter,
     torch_view,
     uneven_gather_scatter,
 )
