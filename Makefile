@@ -1,20 +1,39 @@
 # Two commands: `make demo` and `make test`. Each sets itself up first (a virtual environment
-# in .venv with the pinned versions of requirements/lock.txt, the project installed editable).
+# with the pinned versions of the stack's lock files, the project installed editable).
+#
+# STACK=main   (default) .venv:        torch 2.13.0, megatron-core 0.16.1 (requirements/lock.txt + lock-verl.txt)
+# STACK=ascend           .venv-ascend: torch 2.7.1, megatron-core 0.12.1, the Ascend line
+#                                      (requirements/lock-ascend.txt); `make test` runs the tests marked
+#                                      `both_stacks` there (tests/conftest.py)
+# `make check-py310`: the code stays valid on Python 3.10 (vermin, pinned in the test locks).
 
 SHELL  := /bin/bash
 PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+STACK  ?= main
 PYTEST_ARGS ?=
 
-.PHONY: demo test setup lock clean
+ifeq ($(STACK),main)
+VENV   := .venv
+LOCKS  := requirements/lock.txt requirements/lock-verl.txt
+SELECT := -m "not ascend_stack"
+else ifeq ($(STACK),ascend)
+VENV   := .venv-ascend
+LOCKS  := requirements/lock-ascend.txt
+SELECT := -m "both_stacks or ascend_stack"
+else
+$(error STACK=$(STACK) is not accepted: accepted are main, ascend)
+endif
+
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test setup lock clean check-py310
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/lock.txt requirements/lock-verl.txt
+$(STAMP): pyproject.toml $(LOCKS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt -r requirements/lock-verl.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check $(addprefix -r ,$(LOCKS))
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -22,13 +41,23 @@ demo: $(STAMP)
 	$(BIN)/mcore-dapo demo --workdir demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(SELECT) $(PYTEST_ARGS)
 
+check-py310: $(STAMP)
+	$(BIN)/vermin -q --target=3.10- --violations --no-tips mcore_dapo tests tools
+
+ifeq ($(STACK),main)
 lock: $(STAMP)
 	head -2 requirements/lock.txt > requirements/lock.txt.new
 	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
 	  | grep -vxFf <(grep -v '^#' requirements/lock-verl.txt) >> requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
+else
+lock: $(STAMP)
+	grep '^#' requirements/lock-ascend.txt > requirements/lock-ascend.txt.new
+	$(BIN)/pip freeze --exclude-editable >> requirements/lock-ascend.txt.new
+	mv requirements/lock-ascend.txt.new requirements/lock-ascend.txt
+endif
 
 clean:
 	rm -rf $(VENV)

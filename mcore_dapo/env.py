@@ -54,6 +54,18 @@ def stack_report(adapter) -> tuple[list[dict], list[str]]:
     return stack, missing
 
 
+def supported(installed: dict) -> list[dict]:
+    """torch, megatron-core and verl against the ranges this project supports (mcore_dapo.versions)."""
+    from mcore_dapo import versions
+
+    out = []
+    for package in ("torch", "megatron-core", "verl"):
+        v = installed[package]
+        out.append({"package": package, "installed": v, "supported": versions.supported_range(package),
+                    "ok": v != "absent" and versions.is_supported(package, v)})
+    return out
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -75,6 +87,7 @@ def collect(device: str | None = None) -> dict:
     ]
     stack, missing = stack_report(adapter)
     return {
+        "supported": supported(versions),
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -95,6 +108,9 @@ def render(info: dict) -> str:
         "packages:",
     ]
     lines += [f"  {k:20s} {v}" for k, v in info["versions"].items()]
+    lines += ["", "supported stack:"]
+    lines += [f"  {s['package']:20s} {s['installed']:14s} {s['supported']:16s} "
+              f"{'ok' if s['ok'] else 'NOT SUPPORTED'}" for s in info["supported"]]
     lines += ["", f"patches for {info['device']}:"]
     if not info["patches"]:
         lines.append("  none")

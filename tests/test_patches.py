@@ -106,11 +106,12 @@ from mcore_dapo.devices import get_adapter
 from mcore_dapo.patching import registry
 orig = (r._set_cuda_rng_state, td.all_to_all, mappings._gather_along_first_dim, r.torch)
 applied = [s.id for s in get_adapter("cpu").apply_patches() if s.applied]
+assert applied == [s.id for s in registry.status("cpu") if s.applies]
 assert r.torch is not torch and r.torch.cuda.current_device() == torch.device("cpu")
 assert r.torch.zeros(2, device="cuda").device.type == "cpu"
 assert torch.cuda.current_device is not r.torch.cuda.current_device  # real torch untouched
-import sys; assert "megatron.core.energy_monitor" not in sys.modules
-import megatron.core.energy_monitor as late  # imported after the patch: also retargeted
+import sys; assert "megatron.core.dist_checkpointing.strategies.filesystem_async" not in sys.modules
+import megatron.core.dist_checkpointing.strategies.filesystem_async as late  # imported after the patch: retargeted too
 assert late.torch is r.torch
 registry.remove_all()
 assert (r._set_cuda_rng_state, td.all_to_all, mappings._gather_along_first_dim, r.torch) == orig
@@ -122,7 +123,11 @@ print(len(applied))
 def test_apply_and_undo_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", APPLY_AND_UNDO], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert int(out.stdout.strip().splitlines()[-1]) == len(registry.load_manifest())
+    # every patch but those outside this stack's versions (megatron-core 0.12.1 or 0.16.1, torch 2.7.1 or 2.13.0)
+    load_implementations()
+    expected = [s for s in registry.status("cpu") if s.applies]
+    assert len(registry.load_manifest()) - len(expected) in (1, 3)
+    assert int(out.stdout.strip().splitlines()[-1]) == len(expected)
 
 
 HF_UNDER_PATCHES = r"""

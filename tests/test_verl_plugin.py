@@ -105,14 +105,18 @@ def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
     assert p.stdout.split() == ["cpu", "gloo", "GPU", "cpu", "CpuServerAdapter", "CpuRolloutReplica", "True"]
 
 
-def test_cpu_platform_not_chosen_when_torch_has_cuda(monkeypatch):
+def test_cpu_platform_not_chosen_on_a_gpu_host_when_torch_has_cuda(monkeypatch, tmp_path):
     import torch
 
     from mcore_dapo.verl_plugin import platform_cpu
 
-    assert platform_cpu.cpu_only_torch()
+    assert platform_cpu.cpu_platform_applies()  # this host: no accelerator
     monkeypatch.setattr(torch.version, "cuda", "12.8")
-    assert not platform_cpu.cpu_only_torch()
+    monkeypatch.setattr(platform_cpu, "ACCELERATOR_DRIVERS", (str(tmp_path),))  # a GPU driver present
+    assert not platform_cpu.cpu_only_torch() and not platform_cpu.cpu_platform_applies()
+    # a CUDA build of torch on a host with no GPU at all (the Ascend stack's torch 2.7.1 here) computes on the CPU
+    monkeypatch.setattr(platform_cpu, "ACCELERATOR_DRIVERS", (str(tmp_path / "absent"),))
+    assert platform_cpu.cpu_platform_applies()
 
 
 def test_rollout_sampling_rules(tmp_path):

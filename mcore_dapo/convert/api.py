@@ -7,6 +7,7 @@ import hashlib
 import platform
 from pathlib import Path
 
+from mcore_dapo import versions
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.io import output
 from mcore_dapo.convert.hf2mcore import copy_hf_side_files
@@ -41,6 +42,7 @@ def _workers(name: str, args: list[str], nproc: int, progress: bool) -> dict:
 def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *, nproc: int | None = None,
              dtype: str = "auto", overwrite: bool = False, progress: bool = True) -> dict:
     """Convert an HF checkpoint folder to a torch_dist checkpoint at ``out``; returns the manifest."""
+    versions.check_stack()
     if dtype not in DTYPES:
         raise UserError(f"dtype={dtype!r} is not accepted: accepted are {', '.join(DTYPES)}")
     hf_path = Path(hf_path)
@@ -59,6 +61,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
             "kind": "megatron-torch_dist",
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": platform.node(),
+            "written_by": output.written_by(),
             "source": {"hf_path": str(hf_path.absolute()), "config_sha256": _sha256(hf_path / "config.json"),
                        "files": summary["files"], "bytes": summary["bytes"]},
             "layout_written": layout.as_dict(),
@@ -78,6 +81,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
 def mcore2hf(mcore_path: str | Path, out: str | Path, *, hf_config: str | Path | None = None,
              nproc: int = 1, overwrite: bool = False, progress: bool = True, dtype: str | None = None) -> dict:
     """Convert a torch_dist checkpoint back to HF safetensors at ``out``; returns a summary."""
+    versions.check_stack()
     from mcore_dapo.io.dist_ckpt import checkpoint_dtype
     from mcore_dapo.io.hf_shards import finalize_shards
 

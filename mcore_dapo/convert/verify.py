@@ -16,6 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mcore_dapo import versions
 from mcore_dapo.bridge import Bridge, Layout
 from mcore_dapo.io import output
 from mcore_dapo.errors import UserError
@@ -42,6 +43,7 @@ def verify_checksums(hf_path: Path, manifest: dict, progress: bool = False) -> l
 
 def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = None, *, nproc: int | None = None,
            batch: int = 2, seq: int = 32, progress: bool = False, checksums: bool = True) -> dict:
+    versions.check_stack()
     hf_path, mcore_path = Path(hf_path), Path(mcore_path)
     manifest = output.read_manifest(mcore_path)
     bridge = Bridge.from_hf(hf_path)

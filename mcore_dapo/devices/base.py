@@ -35,8 +35,12 @@ class DeviceAdapter(ABC):
         """Work that must happen before Megatron is imported."""
 
     def apply_patches(self) -> list[registry.PatchStatus]:
+        """The installed torch and megatron-core checked against the supported ranges (one line when
+        outside), then every manifest patch for this device that applies to them."""
+        from mcore_dapo import versions
         from mcore_dapo.patching import load_implementations
 
+        versions.check_stack()
         load_implementations()
         return registry.apply(self.name)
 

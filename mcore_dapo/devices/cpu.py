@@ -79,12 +79,10 @@ class CpuAdapter(DeviceAdapter):
                             "attention (a GPU); accepted is cp=1")
 
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from mcore_dapo.megatron_compat import decoder_block_spec
         from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-        block = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=False, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
-        )
+        block = decoder_block_spec(config, use_transformer_engine=False, vp_stage=vp_stage, pp_rank=pp_rank)
 
         def swap_norm(spec_holder, attr):
             if getattr(spec_holder, attr, None) is WrappedTorchNorm:

@@ -46,12 +46,10 @@ class CudaAdapter(DeviceAdapter):
         return te_available()
 
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+        from mcore_dapo.megatron_compat import decoder_block_spec
 
         te = self.use_te()
-        block = get_gpt_decoder_block_spec(
-            config, use_transformer_engine=te, normalization="RMSNorm", vp_stage=vp_stage, pp_rank=pp_rank
-        )
+        block = decoder_block_spec(config, use_transformer_engine=te, vp_stage=vp_stage, pp_rank=pp_rank)
         return block if te else te_compatible_keys(block)
 
     def describe(self) -> dict:

@@ -167,12 +167,6 @@ class NpuAdapter(DeviceAdapter):
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is
         # what builds (and its checkpoint keys are what verl's Ascend path expects).
-        # megatron-core 0.12.1 (MindSpeed's maintained line) has no vp_stage/pp_rank arguments here:
-        # it reads the pipeline position from parallel_state.
-        import inspect
+        from mcore_dapo.megatron_compat import decoder_block_spec
 
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
-
-        accepted = inspect.signature(get_gpt_decoder_block_spec).parameters
-        position = {k: v for k, v in (("vp_stage", vp_stage), ("pp_rank", pp_rank)) if k in accepted}
-        return get_gpt_decoder_block_spec(config, use_transformer_engine=True, normalization="RMSNorm", **position)
+        return decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage, pp_rank=pp_rank)

@@ -122,8 +122,8 @@ def faulty_check(exporter, receiver_model, name: str) -> dict:
 def train_step(chunks, tf, tokens, lr: float = 1e-2) -> None:
     """Forward+backward through Megatron's schedule, Megatron's TP reduction of replicated grads, Adam."""
     from megatron.core.distributed import DistributedDataParallelConfig
-    from megatron.core.distributed.finalize_model_grads import _allreduce_non_tensor_model_parallel_grads
 
+    from mcore_dapo.megatron_compat import allreduce_tp_replicated_grads
     from mcore_dapo.runtime.forward import run_schedule
 
     params = [p for c in chunks for p in c.parameters()]
@@ -133,7 +133,7 @@ def train_step(chunks, tf, tokens, lr: float = 1e-2) -> None:
     run_schedule(chunks, tokens, labels=torch.roll(tokens, -1, dims=1), forward_only=False)
     for c in chunks:
         c.ddp_config = DistributedDataParallelConfig()  # read by Megatron's reduction below
-    _allreduce_non_tensor_model_parallel_grads(chunks, tf)
+    allreduce_tp_replicated_grads(chunks, tf)
     torch.optim.Adam(params, lr=lr).step()
     for c in chunks:
         c.eval()

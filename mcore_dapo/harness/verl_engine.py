@@ -76,7 +76,7 @@ def rollout_batch(batch: dict):
     from verl import DataProto
 
     tokens = batch["tokens"]
-    mask = batch["response_mask"].long()
+    mask = batch["response_mask"].long()  # novermin: Tensor.long, not Python 2's long
     attention = torch.cat([torch.ones(tokens.shape[0], PROMPT, dtype=torch.long), mask], 1)
     position = (torch.cumsum(attention, 1) - 1).clamp(min=0)
     return DataProto.from_dict(tensors={

@@ -125,10 +125,15 @@ def save_dist_checkpoint(chunks, path) -> str:
     """Write the chunks as a torch_dist checkpoint in the key layout their config gives; returns it."""
     from megatron.core import dist_checkpointing
 
+    from mcore_dapo.megatron_compat import accepts
+
     state = sharded_state_dict(chunks)
     layout = key_layout(e.key for e in _entries(state))
-    dist_checkpointing.save(state, str(path),
-                            content_metadata=dict(PER_LAYER_METADATA) if layout == PER_LAYER else None)
+    # megatron-core 0.12.x records no content metadata (its save() has no such argument); the keys
+    # themselves say per-layer, which is what this project's readers go by
+    extra = {"content_metadata": dict(PER_LAYER_METADATA) if layout == PER_LAYER else None} \
+        if accepts(dist_checkpointing.save, "content_metadata") else {}
+    dist_checkpointing.save(state, str(path), **extra)
     return layout
 
 

@@ -97,4 +97,23 @@ def read_manifest(folder: str | Path) -> dict:
     m = json.loads(p.read_text())
     if m.get("format") != FORMAT:
         raise UserError(f"{p} has format {m.get('format')!r}: accepted is {FORMAT!r}")
+    check_writer(folder, m)
     return m
+
+
+def written_by() -> dict:
+    """The versions a manifest records as the checkpoint's writer."""
+    from mcore_dapo import __version__, versions
+
+    return {"mcore_dapo": __version__, **{k: versions.installed(k) for k in versions.SUPPORTED}}
+
+
+def check_writer(folder, manifest: dict) -> None:
+    """A checkpoint written under a megatron-core outside the supported range is refused in one line
+    (manifests without ``written_by`` predate the record and were written under megatron-core 0.16.1)."""
+    from mcore_dapo import versions
+
+    v = (manifest.get("written_by") or {}).get("megatron-core")
+    if v and not versions.is_supported("megatron-core", v):
+        raise UserError(f"{str(folder)!r} was written by megatron-core {v}: checkpoints of megatron-core"
+                        f"{versions.supported_range('megatron-core')} are read")

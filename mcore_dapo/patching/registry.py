@@ -27,7 +27,7 @@ from packaging.version import Version
 from mcore_dapo.patching.patcher import Patcher
 
 try:
-    import tomllib
+    import tomllib  # novermin: Python 3.10 takes the tomli fallback below
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 

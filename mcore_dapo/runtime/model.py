@@ -7,6 +7,7 @@ from typing import Iterator
 
 import torch
 
+from mcore_dapo import megatron_compat as compat
 from mcore_dapo.bridge import Bridge, Resolved
 from mcore_dapo.bridge.megatron_config import build_transformer_config, gpt_model_kwargs
 from mcore_dapo.bridge.names import ExpertPlacement, canonical_name, layer_map_of
@@ -35,18 +36,20 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
     chunks = []
     for vp in range(layout.vpp or 1):
         vp_stage = vp if layout.vpp else None
+        compat.enter_stage(vp_stage)
         spec = adapter.layer_spec(tf, vp_stage=vp_stage, pp_rank=ps.get_pipeline_model_parallel_rank())
         model = GPTModel(
             config=tf,
             transformer_layer_spec=spec,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
-            vp_stage=vp_stage,
+            pre_process=compat.is_first_stage(vp_stage),
+            post_process=compat.is_last_stage(vp_stage),
+            **compat.stage_kwargs(GPTModel, vp_stage),
             **kw,
         )
         if not init_weights:
             mark_tensor_parallel(model)
         chunks.append(adapter.to_device(model))
+    compat.enter_stage(0 if layout.vpp else None)
     return chunks, tf
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from packaging.version import Version
+
+from mcore_dapo import megatron_compat
 from mcore_dapo.bridge import Layout, load_hf_config
 from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
@@ -111,7 +114,20 @@ def check_router_replay(c, cfg) -> str:
     if not cfg.is_moe:
         raise UserError(f"router_replay.mode={replay} needs a model with MoE layers; this one has none; "
                         "accepted with it is router_replay.mode=disabled")
+    installed = _megatron_version()
+    if installed is not None and Version(installed) < Version(megatron_compat.ROUTING_REPLAY_SINCE):
+        raise UserError(megatron_compat.routing_replay_refusal(replay, installed))
     if replay == "R3" and not c.actor_rollout_ref.rollout.get("enable_rollout_routing_replay", False):
         raise UserError("router_replay.mode=R3 replays the rollout's routed experts, and the rollout does not "
                         "return them: set actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
     return replay
+
+
+def _megatron_version() -> str | None:
+    """megatron-core's installed version, read without importing Megatron (MindSpeed must come first on Ascend)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("megatron-core")
+    except PackageNotFoundError:
+        return None

@@ -5,7 +5,8 @@ back to ``nvidia`` and calls ``torch.cuda``. This platform lets verl's trainer, 
 Megatron engine run on the CPU: device ``cpu``, collectives on gloo, trainer slots
 counted as Ray's logical ``GPU`` resource (start Ray with ``num_gpus`` = the slots).
 It is registered after verl's own platforms, so verl's auto-detection picks it only when no
-accelerator is found and torch is a CPU build (or with ``VERL_PLATFORM=cpu``). Memory queries
+accelerator is found and torch is a CPU build or the host has no accelerator driver (or with
+``VERL_PLATFORM=cpu``). Memory queries
 answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
 """
 
@@ -46,6 +47,24 @@ def cpu_only_torch() -> bool:
     import importlib.util
 
     return torch.version.cuda is None and torch.version.hip is None and importlib.util.find_spec("torch_npu") is None
+
+
+# what a host with an NVIDIA or AMD GPU has, whatever CUDA_VISIBLE_DEVICES hides from this process
+ACCELERATOR_DRIVERS = ("/proc/driver/nvidia", "/dev/kfd")
+
+
+def no_accelerator_host() -> bool:
+    """A host without a GPU driver and without torch_npu: here a CUDA build of torch (the torch 2.7.1
+    wheel of the package index is one) computes on the CPU too."""
+    import importlib.util
+    import os
+
+    return (not torch.cuda.is_available() and importlib.util.find_spec("torch_npu") is None
+            and not any(os.path.exists(p) for p in ACCELERATOR_DRIVERS))
+
+
+def cpu_platform_applies() -> bool:
+    return cpu_only_torch() or no_accelerator_host()
 
 
 def device_module() -> types.ModuleType:
@@ -103,8 +122,9 @@ def platform_class():
 
         def is_platform_available(self, use_smi_check=False) -> bool:
             # Probed after verl's own platforms. A CUDA or Ascend build of torch without a visible
-            # device (a CPU-only Ray actor on a GPU node) keeps verl's fallback to ``nvidia``.
-            return cpu_only_torch()
+            # device on a host that has one (a CPU-only Ray actor on a GPU node) keeps verl's
+            # fallback to ``nvidia``; on a host with no accelerator at all this platform answers.
+            return cpu_platform_applies()
 
         def current_device(self):
             return NAME

@@ -42,6 +42,12 @@ def config_fields(cfg, replay: str) -> dict:
     if not cfg.is_moe:
         raise UserError(f"router_replay.mode={replay} needs a model with MoE layers; this one has none "
                         f"(num_layers={cfg.num_layers}, num_experts=0); accepted with it is router_replay.mode=disabled")
+    from mcore_dapo import megatron_compat
+
+    if not megatron_compat.supports_routing_replay():
+        from importlib.metadata import version
+
+        raise UserError(megatron_compat.routing_replay_refusal(replay, version("megatron-core")))
     return {"moe_enable_routing_replay": True}
 
 

@@ -14,6 +14,8 @@ from mcore_dapo.patching.megatron_cpu import (  # noqa: F401
     float16_optimizer,
     rng_state,
     router_gemm,
+    schedule_token_counter,
+    tied_embedding_sync,
     torch_view,
     uneven_gather_scatter,
 )

@@ -32,20 +32,29 @@ def _uneven_reduce_scatter(input_, group, sizes):
     return total[start: start + sizes[group.rank()]].contiguous()
 
 
+def _group(group):
+    """megatron-core 0.12.x lets ``group`` default to None, meaning the TP group; 0.16 always passes it."""
+    if group is None:
+        from megatron.core import parallel_state
+
+        group = parallel_state.get_tensor_model_parallel_group()
+    return group
+
+
 def _gather(original):
-    def _gather_along_first_dim(input_, group, output_split_sizes=None, use_global_buffer=False):
-        if output_split_sizes is None or group.size() == 1:
+    def _gather_along_first_dim(input_, group=None, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or _group(group).size() == 1:
             return original(input_, group, output_split_sizes, use_global_buffer)
-        return _uneven_all_gather(input_, group, as_list(output_split_sizes))
+        return _uneven_all_gather(input_, _group(group), as_list(output_split_sizes))
 
     return _gather_along_first_dim
 
 
 def _scatter(original):
-    def _reduce_scatter_along_first_dim(input_, group, input_split_sizes=None, use_global_buffer=False):
-        if input_split_sizes is None or group.size() == 1:
+    def _reduce_scatter_along_first_dim(input_, group=None, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or _group(group).size() == 1:
             return original(input_, group, input_split_sizes, use_global_buffer)
-        return _uneven_reduce_scatter(input_, group, as_list(input_split_sizes))
+        return _uneven_reduce_scatter(input_, _group(group), as_list(input_split_sizes))
 
     return _reduce_scatter_along_first_dim
 

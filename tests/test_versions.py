@@ -1,0 +1,110 @@
+"""Supported versions: one line naming the installed version and the ranges; checkpoints of an unsupported
+Megatron refused before anything is written. No Megatron process is started."""
+
+import json
+
+import pytest
+
+from mcore_dapo import versions
+from mcore_dapo.convert.api import mcore2hf
+from mcore_dapo.env import collect
+from mcore_dapo.errors import UserError
+from mcore_dapo.io import output
+
+pytestmark = pytest.mark.both_stacks
+
+
+@pytest.mark.parametrize("package,version,needle", [
+    ("megatron-core", "0.11.0", "megatron-core 0.11.0 is not supported: supported is megatron-core>=0.12.1,<0.17"),
+    ("megatron-core", "0.17.0", "megatron-core 0.17.0 is not supported"),
+    ("torch", "2.6.0+cpu", "torch 2.6.0+cpu is not supported: supported is torch>=2.7.1,<2.14"),
+    ("torch", "2.14.1", "torch 2.14.1 is not supported"),
+    ("verl", "0.6.1", "verl 0.6.1 is not supported: supported is verl>=0.9.1,<0.10"),
+])
+def test_outside_the_supported_ranges_is_one_line(package, version, needle):
+    with pytest.raises(UserError) as e:
+        versions.check(package, version)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("package,version", [("megatron-core", "0.12.1"), ("megatron-core", "0.14.0rc3"),
+                                             ("megatron-core", "0.16.1"), ("torch", "2.7.1"),
+                                             ("torch", "2.13.0+cpu"), ("verl", "0.9.1")])
+def test_both_lines_and_those_between_are_accepted(package, version):
+    versions.check(package, version)
+
+
+def test_this_stack_is_supported_and_env_says_so():
+    versions.check_stack()
+    stack = {s["package"]: s for s in collect("cpu")["supported"]}
+    assert set(stack) == {"torch", "megatron-core", "verl"}
+    assert all(s["ok"] for s in stack.values()), stack
+    assert stack["megatron-core"]["installed"] == versions.installed("megatron-core")
+
+
+def test_env_reports_which_patches_apply_to_this_stack():
+    from packaging.version import Version
+
+    patches = {p["id"]: p["applies"] for p in collect("cpu")["patches"]}
+    mcore = versions.megatron_version()
+    torch_v = Version(versions.base_version(versions.installed("torch")))
+    depends = {
+        # te_general_gemm exists in megatron-core's moe_utils from 0.13 on: nothing to patch on 0.12.x
+        "megatron.router-gemm-without-te": mcore >= (0, 13, 0),
+        "megatron.numpy2-product": mcore < (0, 16, 0),  # 0.16 calls np.prod itself
+        "cpu.megatron.schedule-token-counter": mcore < (0, 14, 0),  # 0.14 on: no Tensor.cuda() there
+        "cpu.torch.gloo-average": torch_v < Version("2.13"),  # 2.13's gloo averages
+    }
+    assert {k: v for k, v in patches.items() if k in depends} == depends
+    assert all(v for k, v in patches.items() if k not in depends), patches
+
+
+@pytest.mark.parametrize("writer", ["0.11.0", "0.17.0"])
+def test_checkpoint_of_an_unsupported_megatron_is_refused_before_anything_is_written(tmp_path, writer):
+    ckpt = tmp_path / "mcore"
+    ckpt.mkdir()
+    (ckpt / output.MANIFEST).write_text(json.dumps({
+        "format": output.FORMAT, "written_by": {"megatron-core": writer, "torch": "2.7.1"}, "dtype": "fp32"}))
+    with pytest.raises(UserError) as e:
+        mcore2hf(ckpt, tmp_path / "hf", progress=False)
+    assert f"was written by megatron-core {writer}: checkpoints of megatron-core>=0.12.1,<0.17 are read" \
+        in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mcore"]
+
+
+def test_converters_refuse_an_unsupported_megatron_before_writing(tiny_moe, tmp_path, monkeypatch):
+    from mcore_dapo.bridge import Layout
+    from mcore_dapo.convert.api import hf2mcore
+
+    real = versions.installed
+    monkeypatch.setattr(versions, "installed", lambda p: "0.11.0" if p == "megatron-core" else real(p))
+    with pytest.raises(UserError, match=r"^megatron-core 0.11.0 is not supported: supported is "
+                                        r"megatron-core>=0.12.1,<0.17 \(tested: 0.16.1 and 0.12.1\)$"):
+        hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_router_replay_on_a_megatron_without_it_is_one_line():
+    """megatron-core 0.12.1 has no routing replay: R2/R3 are refused in one line (the engine's config
+    and the driver's config check), never trained without; from 0.16 the TransformerConfig field is set."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    from mcore_dapo import megatron_compat
+    from mcore_dapo.bridge import load_hf_config
+    from mcore_dapo.verl_plugin.router_replay import config_fields
+
+    from mcore_dapo.selfcheck import REAL_CONFIG
+
+    cfg = load_hf_config(REAL_CONFIG)
+    installed = version("megatron-core")
+    if Version(installed) >= Version(megatron_compat.ROUTING_REPLAY_SINCE):
+        assert megatron_compat.supports_routing_replay()
+        assert config_fields(cfg, "R2") == {"moe_enable_routing_replay": True}
+        return
+    assert not megatron_compat.supports_routing_replay()
+    with pytest.raises(UserError) as e:
+        config_fields(cfg, "R3")
+    msg = str(e.value)
+    assert "\n" not in msg and f"megatron-core {installed}" in msg and "router_replay.mode=disabled" in msg
