@@ -89,7 +89,8 @@ def test_no_patch_of_ours_that_applies_on_npu_shares_a_target_with_mindspeed(min
     assert not on_npu, f"our patches and MindSpeed's patch the same objects on Ascend: {on_npu}"
     # the only shared target today: the CPU adapter's RNG state (never applied beside MindSpeed)
     assert {o["patch"] for o in r["overlaps"]} <= {"cpu.megatron.rng-state"}, r["overlaps"]
-    assert all(not p["applies"] for p in r["our_patches_npu"]), r["our_patches_npu"]
+    # on Ascend only the device-independent numpy-2 fix of megatron-core <0.16 applies (none of MindSpeed's targets)
+    assert {p["id"] for p in r["our_patches_npu"] if p["applies"]} <= {"megatron.numpy2-product"}, r["our_patches_npu"]
 
 
 def test_mindspeed_te_spec_builds_with_the_bridge_names_and_checkpoint_keys(mindspeed_run):
