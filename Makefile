@@ -1,5 +1,6 @@
 # Two commands: `make demo` and `make test`. Each sets itself up first (a virtual environment
-# in .venv with the pinned versions of requirements/lock.txt, the project installed editable).
+# in .venv with the pinned versions of requirements/lock.txt, lock-verl.txt and lock-vllm.txt -- vLLM's
+# CPU build, installed without its unpinned torchvision/torchaudio/torchcodec -- the project installed editable).
 
 SHELL  := /bin/bash
 PYTHON ?= python3
@@ -12,9 +13,10 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml requirements/lock.txt requirements/lock-verl.txt
+$(STAMP): pyproject.toml requirements/lock.txt requirements/lock-verl.txt requirements/lock-vllm.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements/lock.txt -r requirements/lock-verl.txt
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements/lock-vllm.txt
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -27,7 +29,7 @@ test: $(STAMP)
 lock: $(STAMP)
 	head -2 requirements/lock.txt > requirements/lock.txt.new
 	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
-	  | grep -vxFf <(grep -v '^#' requirements/lock-verl.txt) >> requirements/lock.txt.new
+	  | grep -vxFf <(grep -hv '^#' requirements/lock-verl.txt requirements/lock-vllm.txt) >> requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
 
 clean:
