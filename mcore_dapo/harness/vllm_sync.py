@@ -4,7 +4,7 @@ Run under torchrun (4 processes cover every layout; the tests launch it once)::
 
     torchrun --nproc-per-node 4 -m mcore_dapo.harness.vllm_sync --hf-path DIR --layouts tp1-ep2,tp2-ep2,pp2-ep2
 
-Rank 0 starts Ray and one vLLM engine (vLLM's ``LLM``, CPU build, fp32, dummy weights, verl's
+Rank 0 starts Ray and one vLLM engine (vLLM's ``LLM``, CPU build, fp32, the checkpoint's weights, verl's
 ``vLLMColocateWorkerExtension`` as its worker extension) in a Ray actor named as verl's vLLM server
 (``vllm_server_0_0``). Then, per layout: Megatron is (re)initialised, the model is built from the
 HF checkpoint and takes one optimizer step; the export plan is checked against the names and shapes
@@ -67,7 +67,7 @@ class VllmEngineHost:
     """One vLLM engine in a Ray actor, with the calls verl's ServerAdapter makes on its server
     (``collective_rpc``, ``clear_kv_cache``, ``set_global_steps``) and the checks' read-back."""
 
-    def __init__(self, hf_path: str, job_id: str, max_model_len: int = 128):
+    def __init__(self, hf_path: str, job_id: str, max_model_len: int = 128, load_format: str = "auto"):
         os.environ["VERL_RAY_JOB_ID"] = job_id  # what verl's server sets for its workers' ZMQ socket names
         os.environ["VERL_REPLICA_RANK"] = "0"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this actor: one start
@@ -84,7 +84,7 @@ class VllmEngineHost:
         from vllm import LLM
 
         self.llm = LLM(model=str(hf_path), dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
-                       load_format="dummy", worker_extension_cls=WORKER_EXTENSION, max_model_len=max_model_len,
+                       load_format=load_format, worker_extension_cls=WORKER_EXTENSION, max_model_len=max_model_len,
                        seed=0)
         self.global_steps = None
 
@@ -214,6 +214,11 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
                 sent[name] = t.detach().clone()
             yield name, t
 
+    fixed = tiny_prompts(bridge.cfg.vocab_size, batch=2, seq=12, seed=7).tolist()
+    if info.rank == 0 and step == 1:  # the engine as started (checkpoint weights) against HF on the same
+        before = ray.get(host.prompt_logprobs.remote(fixed))
+        ref0 = hf_prompt_logprobs(a.hf_path, initial, fixed)
+        r["start_logprob_max_diff"] = max(abs(x - y) for o, h in zip(before, ref0) for x, y in zip(o, h))
     if info.rank == 0:
         asyncio.run(asyncio.wait_for(adapter.update_weights(stream(), global_steps=step), timeout=a.sync_timeout))
     else:
@@ -224,7 +229,6 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
         engine = ray.get(host.params.remote())
         r["engine_vs_export"] = compare(engine, vllm_layout(sent, cfg))
         r["trained_changed"] = sum(not torch.equal(sent[n], initial[n]) for n in sent) / len(sent)
-        fixed = tiny_prompts(bridge.cfg.vocab_size, batch=2, seq=12, seed=7).tolist()
         ours = ray.get(host.prompt_logprobs.remote(fixed))
         ref = hf_prompt_logprobs(a.hf_path, sent, fixed)
         r["logprob_max_diff"] = max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h))
