@@ -40,9 +40,6 @@ def test_vllm_logprobs_equal_hf_on_the_checkpoint_it_loaded(run):
     assert run["layouts"][0]["start_logprob_max_diff"] < 1e-5, run["layouts"][0]
 
 
-@pytest.mark.xfail(strict=True, reason="after a sync the engine's parameters equal the export bit for bit, but "
-                   "vLLM's CPU build still computes from copies made when it loaded (max |dlogp| ~0.12); "
-                   "see docs/VLLM_CPU.md, 'Not done yet'")
 def test_vllm_logprobs_equal_hf_on_the_synced_weights(run):
     for r in run["layouts"]:
         assert r["logprob_max_diff"] < 1e-5, r

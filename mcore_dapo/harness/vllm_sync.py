@@ -13,7 +13,7 @@ the engine's config expects (:mod:`mcore_dapo.resharding.vllm_target`); the expo
 through verl's ``ServerAdapter.update_weights`` (ZMQ + shared memory on the CPU, verl's worker
 extension calling vLLM's ``Qwen3MoeForCausalLM.load_weights``). The engine's parameters are read
 back from its model runner and compared, bit for bit, with the exported tensors arranged the way
-vLLM holds them; vLLM's prompt log-probs on fixed tokens are compared with HF transformers' on the
+vLLM holds them (the experts packed by vLLM's own CPU MoE packing); vLLM's prompt log-probs on fixed tokens are compared with HF transformers' on the
 same weights. Rank 0 writes a JSON summary; the assertions are the caller's.
 """
 
@@ -62,6 +62,23 @@ class ReadBackExtension(_read_back_base()):
     def mcore_read_params(self) -> dict:
         return {n: p.detach().clone().cpu() for n, p in self.model_runner.model.named_parameters()}
 
+    def mcore_runtime_form(self, tensors: dict) -> dict:
+        """Stacked expert weights (``...routed_experts.w13_weight`` / ``w2_weight``) in the layout the
+        engine's experts kernel holds them: vLLM's CPU MoE keeps them packed by its own
+        ``cpu_prepack_moe_weight`` (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py)."""
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+        modules = dict(self.model_runner.model.named_modules())
+        out = {}
+        for name, t in tensors.items():
+            kernel = modules[name.rsplit(".", 1)[0]].quant_method.moe_kernel
+            experts = kernel.fused_experts if kernel is not None else None
+            if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
+                t = cpu_prepack_moe_weight(t, experts.isa)
+            out[name] = t
+        return out
+
 
 class VllmEngineHost:
     """One vLLM engine in a Ray actor, with the calls verl's ServerAdapter makes on its server
@@ -105,6 +122,9 @@ class VllmEngineHost:
 
     def params(self) -> dict:
         return self.llm.collective_rpc("mcore_read_params")[0]
+
+    def runtime_form(self, tensors: dict) -> dict:
+        return self.llm.collective_rpc("mcore_runtime_form", args=(tensors,))[0]
 
     def prompt_logprobs(self, tokens: list[list[int]]) -> list[list[float]]:
         """log p(token_i | tokens_<i) for i >= 1, per sequence."""
@@ -227,7 +247,9 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
     r["sync"] = exporter.last_stats.as_dict() if exporter.last_stats else None
     if info.rank == 0:
         engine = ray.get(host.params.remote())
-        r["engine_vs_export"] = compare(engine, vllm_layout(sent, cfg))
+        want = vllm_layout(sent, cfg)
+        want.update(ray.get(host.runtime_form.remote({n: t for n, t in want.items() if ".routed_experts." in n})))
+        r["engine_vs_export"] = compare(engine, want)
         r["trained_changed"] = sum(not torch.equal(sent[n], initial[n]) for n in sent) / len(sent)
         ours = ray.get(host.prompt_logprobs.remote(fixed))
         ref = hf_prompt_logprobs(a.hf_path, sent, fixed)
