@@ -100,7 +100,8 @@ def rollout_overrides(rollout: str) -> list[str]:
             f"{r}.max_model_len={MAX_PROMPT + MAX_RESPONSE}", f"{r}.max_num_seqs={TRAIN_BSZ * N * 3}",
             f"{r}.max_num_batched_tokens={(MAX_PROMPT + MAX_RESPONSE) * TRAIN_BSZ * N * 3}",
             f"{r}.enable_chunked_prefill=False", f"{r}.enable_prefix_caching=False",
-            f"{r}.checkpoint_engine.update_weights_bucket_megabytes=16"]
+            f"{r}.checkpoint_engine.update_weights_bucket_megabytes=16",
+            f"+{r}.enable_sleep_mode=False"]  # not in verl's rollout.yaml (a RolloutConfig field); vLLM's CPU platform refuses sleep mode (verl's default: on)
 
 
 def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3,

