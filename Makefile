@@ -1,7 +1,9 @@
 # Two commands: `make demo` and `make test`. Each sets itself up first (a virtual environment
 # with the pinned versions of the stack's lock files, the project installed editable).
 #
-# STACK=main   (default) .venv:        torch 2.13.0, megatron-core 0.16.1 (requirements/lock.txt + lock-verl.txt)
+# STACK=main   (default) .venv:        torch 2.13.0, megatron-core 0.16.1 (requirements/lock.txt + lock-verl.txt,
+#                                      and lock-vllm.txt: vLLM's CPU build, installed --no-deps, without its
+#                                      unpinned torchvision/torchaudio/torchcodec)
 # STACK=ascend           .venv-ascend: torch 2.7.1, megatron-core 0.12.1, the Ascend line
 #                                      (requirements/lock-ascend.txt); `make test` runs the tests marked
 #                                      `both_stacks` there (tests/conftest.py)
@@ -15,10 +17,12 @@ PYTEST_ARGS ?=
 ifeq ($(STACK),main)
 VENV   := .venv
 LOCKS  := requirements/lock.txt requirements/lock-verl.txt
+NODEPS_LOCKS := requirements/lock-vllm.txt
 SELECT := -m "not ascend_stack"
 else ifeq ($(STACK),ascend)
 VENV   := .venv-ascend
 LOCKS  := requirements/lock-ascend.txt
+NODEPS_LOCKS :=
 SELECT := -m "both_stacks or ascend_stack"
 else
 $(error STACK=$(STACK) is not accepted: accepted are main, ascend)
@@ -31,9 +35,10 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml $(LOCKS)
+$(STAMP): pyproject.toml $(LOCKS) $(NODEPS_LOCKS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check $(addprefix -r ,$(LOCKS))
+	$(if $(NODEPS_LOCKS),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(addprefix -r ,$(NODEPS_LOCKS)))
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
@@ -50,7 +55,7 @@ ifeq ($(STACK),main)
 lock: $(STAMP)
 	head -2 requirements/lock.txt > requirements/lock.txt.new
 	$(BIN)/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/' \
-	  | grep -vxFf <(grep -v '^#' requirements/lock-verl.txt) >> requirements/lock.txt.new
+	  | grep -vxFf <(grep -hv '^#' requirements/lock-verl.txt requirements/lock-vllm.txt) >> requirements/lock.txt.new
 	mv requirements/lock.txt.new requirements/lock.txt
 else
 lock: $(STAMP)

@@ -1,4 +1,4 @@
-"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench."""
+"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo."""
 
 from __future__ import annotations
 
@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mcore_dapo.cli.sync import add_commands as sync_commands
 
     sync_commands(sub)
+    from mcore_dapo.cli.tiny_dapo import add_commands as tiny_dapo_commands
+
+    tiny_dapo_commands(sub)
     return ap
 
 

@@ -60,7 +60,11 @@ def chatml_tokenizer():
     return fast
 
 
-def prepare(workdir: Path) -> dict:
+ROLLOUTS = ("hf_cpu", "vllm")
+VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
+
+
+def prepare(workdir: Path, rollout: str = "hf_cpu") -> dict:
     import pandas as pd
     import torch
 
@@ -72,7 +76,8 @@ def prepare(workdir: Path) -> dict:
     shutil.rmtree(model, ignore_errors=True)  # generated anew (seeded, under a second), never a stale copy
     # no pad_token_id in the model's config: transformers would zero that embedding row and freeze it
     # (padding_idx), Megatron trains every row; the policy samples <|endoftext|> like any token
-    make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None)
+    extra = {"head_dim": VLLM_HEAD_DIM} if rollout == "vllm" else {}
+    make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None, **extra)
     chatml_tokenizer().save_pretrained(model)
     g = torch.Generator().manual_seed(11)
     rows = []
@@ -89,9 +94,15 @@ def prepare(workdir: Path) -> dict:
 REPLAY_MODES = {"off": "disabled", "R2": "R2", "R3": "R3"}
 
 
-def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None) -> list[str]:
+# rollouts that return the routed experts of what they generate on the CPU (vLLM's CPU build cannot:
+# enable_return_routed_experts needs its Model Runner V2, which needs Triton)
+ROUTES_ON_CPU = ("hf_cpu",)
+
+
+def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None, rollout: str = "hf_cpu") -> list[str]:
     """``--router-replay off|R2|R3``: verl's replay mode, and the rollout returning its routed experts
-    (replayed under R3; the routing-agreement metric otherwise). ``rollout_dtype``: the rollout's dtype."""
+    where it can (replayed under R3; the routing-agreement metric otherwise). ``rollout_dtype``: the
+    rollout's dtype."""
     from mcore_dapo.errors import UserError
 
     out = [f"actor_rollout_ref.rollout.dtype={rollout_dtype}"] if rollout_dtype else []
@@ -99,11 +110,31 @@ def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None
         return out
     if router_replay not in REPLAY_MODES:
         raise UserError(f"--router-replay={router_replay!r} is not accepted: accepted are {', '.join(REPLAY_MODES)}")
+    if rollout not in ROUTES_ON_CPU:
+        if router_replay == "R3":
+            raise UserError(f"--router-replay R3 with --rollout {rollout}: R3 replays the rollout's routed experts, "
+                            "which vLLM's CPU build cannot return (its Model Runner V2 needs Triton); accepted on "
+                            "the CPU is --rollout hf_cpu")
+        return [*out, f"actor_rollout_ref.actor.megatron.router_replay.mode={REPLAY_MODES[router_replay]}"]
     return [*out, f"actor_rollout_ref.actor.megatron.router_replay.mode={REPLAY_MODES[router_replay]}",
             "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"]
 
 
-def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3) -> list[str]:
+def rollout_overrides(rollout: str) -> list[str]:
+    """``hf_cpu`` (the plugin's HF stand-in) or verl's own ``vllm`` rollout on vLLM's CPU build."""
+    r = "actor_rollout_ref.rollout"
+    if rollout == "hf_cpu":
+        return [f"{r}.name=hf_cpu"]
+    return [f"{r}.name=vllm", f"{r}.enforce_eager=True", f"{r}.load_format=dummy",
+            f"{r}.max_model_len={MAX_PROMPT + MAX_RESPONSE}", f"{r}.max_num_seqs={TRAIN_BSZ * N * 3}",
+            f"{r}.max_num_batched_tokens={(MAX_PROMPT + MAX_RESPONSE) * TRAIN_BSZ * N * 3}",
+            f"{r}.enable_chunked_prefill=False", f"{r}.enable_prefix_caching=False",
+            f"{r}.checkpoint_engine.update_weights_bucket_megabytes=16",
+            f"+{r}.enable_sleep_mode=False"]  # not in verl's rollout.yaml (a RolloutConfig field); vLLM's CPU platform refuses sleep mode (verl's default: on)
+
+
+def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3,
+              rollout: str = "hf_cpu") -> list[str]:
     """The DAPO overrides of configs/dapo/common.sh, at tiny sizes, for 2 CPU processes."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     layout = []
@@ -130,7 +161,7 @@ def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1
         f"{a}.ppo_mini_batch_size={TRAIN_BSZ}", f"{a}.entropy_coeff=0", f"{a}.optim.clip_grad=1.0",
         f"{a}.loss_agg_mode=token-mean", f"{a}.strategy=megatron", *layout,
         f"{a}.megatron.use_distributed_optimizer=False", f"{a}.megatron.dtype=bfloat16",
-        f"{r}.name=hf_cpu", f"{r}.tensor_model_parallel_size=1", f"{r}.temperature=1.0", f"{r}.top_p=1.0",
+        *rollout_overrides(rollout), f"{r}.tensor_model_parallel_size=1", f"{r}.temperature=1.0", f"{r}.top_p=1.0",
         f"{r}.top_k=-1", f"{r}.val_kwargs.temperature=1.0", f"{r}.val_kwargs.top_p=0.7", f"{r}.val_kwargs.n=1",
         f"{r}.val_kwargs.do_sample=True", f"{r}.free_cache_engine=False", f"{r}.agent.num_workers=1",
         "reward.reward_manager.name=dapo",
@@ -158,7 +189,7 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
-        router_replay: str | None = None, rollout_dtype: str | None = None) -> dict:
+        rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step."""
     import shutil
@@ -167,21 +198,22 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     workdir.mkdir(parents=True, exist_ok=True)
     audit_dir = workdir / "audit"
     shutil.rmtree(audit_dir, ignore_errors=True)
-    files = prepare(workdir)
+    files = prepare(workdir, rollout)
     log = workdir / "metrics.jsonl"
     log.unlink(missing_ok=True)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
-           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+           "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if audit:
         env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
-    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo", *overrides(files, workdir, steps, lr=lr),
-           *replay_overrides(router_replay, rollout_dtype)]
+    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
+           *overrides(files, workdir, steps, lr=lr, rollout=rollout), *replay_overrides(router_replay, rollout_dtype, rollout)]
     t0 = time.time()
     with open(workdir / "train.log", "w") as out:
         proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=workdir)
     records = read_metrics(log)
-    result = {"returncode": proc.returncode, "seconds": round(time.time() - t0, 1), "steps": len(records),
+    result = {"returncode": proc.returncode, "rollout": rollout, "seconds": round(time.time() - t0, 1),
+              "steps": len(records),
               "metrics_log": str(log), "train_log": str(workdir / "train.log"),
               "last": records[-1]["data"] if records else None}
     if records:
@@ -191,6 +223,18 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
 
         result["audit"] = reference(audit_dir)
     return result
+
+
+def per_step(result: dict) -> list[dict]:
+    """Per step: verl's score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp|."""
+    rows = [r["data"] for r in read_metrics(Path(result["metrics_log"]))]
+    audit = result.get("audit") or []
+    return [{"step": i + 1, "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
+             "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
+             "evicted": m.get("training/filter_groups/evicted_samples", 0),
+             "rollout_vs_actor": m.get("training/rollout_probs_diff_max"),
+             "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step")}
+            for i, m in enumerate(rows)]
 
 
 def plot(train_log: Path, out: Path) -> Path:
@@ -208,6 +252,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--rollout", choices=ROLLOUTS, default="hf_cpu")
     ap.add_argument("--audit", action="store_true",
                     help="recompute every update on the HF model from the engine's weights of that step")
     ap.add_argument("--router-replay", choices=list(REPLAY_MODES), default=None,
@@ -215,7 +260,7 @@ def main(argv=None) -> int:
                          "routing-agreement metric (actor/routing/rollout_agreement)")
     ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
     a = ap.parse_args(argv)
-    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit,
+    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
                  router_replay=a.router_replay, rollout_dtype=a.rollout_dtype)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1

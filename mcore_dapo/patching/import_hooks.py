@@ -22,6 +22,7 @@ class _Watch:
     matches: Callable[[str], bool]
     callback: Callable[[ModuleType], None]
     once: bool
+    before: Callable[[], Callable[[], None]] | None = None  # run before the code; returns what runs after it
 
 
 _watches: list[_Watch] = []
@@ -37,7 +38,12 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         exec_module = spec.loader.exec_module
 
         def exec_and_call(module):
-            exec_module(module)
+            afters = [w.before() for w in _watches if w.matches(name) and w.before is not None]
+            try:
+                exec_module(module)
+            finally:
+                for after in reversed(afters):
+                    after()
             for w in [w for w in _watches if w.matches(name)]:
                 if w.once:
                     _unwatch(w)
@@ -86,3 +92,12 @@ def after_each_import(prefix: str, callback: Callable[[ModuleType], None]) -> Ca
     """Run ``callback(module)`` for every module whose name starts with ``prefix`` imported from now
     on, until cancelled."""
     return _watch(_Watch(lambda n: n.startswith(prefix), callback, once=False))
+
+
+def around_import(name: str, before: Callable[[], Callable[[], None]]) -> Cancel:
+    """Run ``before()`` right before module ``name``'s code executes and the function it returns right
+    after (also when the code raises): for a module that acts on something while it executes, e.g. a
+    version check at import time. Once; nothing happens if ``name`` is imported already."""
+    if name in sys.modules:
+        return lambda: None
+    return _watch(_Watch(lambda n: n == name, lambda module: None, once=True, before=before))

