@@ -16,7 +16,8 @@
    builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
 8. verl's DAPO trainer itself for three steps (``mcore_dapo.harness.tiny_dapo``): Ray, the
-   agent loop on the plugin's ``hf_cpu`` rollout, the dapo reward manager, dynamic sampling, the
+   agent loop on verl's own vLLM rollout (vLLM's CPU build; the plugin's ``hf_cpu`` stand-in where
+   vLLM is not installed), the dapo reward manager, dynamic sampling, the
    Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run; every
    update recomputed on the HF model from that step's weights (the audit).
 """
@@ -138,19 +139,15 @@ def verl_trainer(workdir: Path, steps: int = 3) -> dict:
 
     if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
         return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
-    from mcore_dapo.harness.tiny_dapo import read_metrics, run
+    from mcore_dapo.harness.tiny_dapo import per_step as step_rows
+    from mcore_dapo.harness.tiny_dapo import run
 
-    r = run(workdir / "tiny-dapo", steps, timeout=1200, audit=True)
-    rows = [m["data"] for m in read_metrics(Path(r["metrics_log"]))]
-    audit = r.get("audit") or []
-    per_step = [{"step": i + 1, "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
-                 "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
-                 "evicted": m.get("training/filter_groups/evicted_samples", 0),
-                 "rollout_vs_actor": m.get("training/rollout_probs_diff_max"), "seconds": m.get("timing_s/step")}
-                for i, m in enumerate(rows)]
-    return {"steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
+    rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf_cpu"
+    r = run(workdir / "tiny-dapo", steps, timeout=1200, audit=True, rollout=rollout)
+    per_step = step_rows(r) if r["steps"] else []
+    return {"rollout": rollout, "steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
             "plot": r.get("plot"), "train_log": r["train_log"],
-            "passed": r["returncode"] == 0 and len(rows) == steps
+            "passed": r["returncode"] == 0 and len(per_step) == steps
             and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 5e-3 for p in per_step)
             and all(p["reference_grad_norm"] is not None
                     and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] for p in per_step)}
@@ -184,7 +181,7 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     sync = step("train one step, sync to the rollout model", rollout_sync, hf_dir, ref)
     dapo = step("DAPO update with verl's functions", dapo_update, hf_dir, workdir)
     engine = step("DAPO update through verl's Megatron engine", verl_engine_update, hf_dir, workdir)
-    trainer = step("verl's DAPO trainer, 3 steps (Ray, hf_cpu rollout)", verl_trainer, workdir)
+    trainer = step("verl's DAPO trainer, 3 steps (Ray, verl's vLLM rollout)", verl_trainer, workdir)
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -270,7 +267,7 @@ def render(summary: dict) -> str:
         lines.append(f"verl trainer: skipped ({t['skipped']})")
     else:
         lines.append(f"verl's DAPO trainer on the CPU ({len(t['steps'])} steps in {t['seconds']} s, Megatron EP2 actor, "
-                     f"hf_cpu rollout)  {'PASS' if t['passed'] else 'FAIL'}")
+                     f"{t['rollout']} rollout)  {'PASS' if t['passed'] else 'FAIL'}")
         lines.append("  step   score mean   grad norm   HF reference   groups dropped   rollout vs actor max|dp|   step s")
         for p in t["steps"]:
             ref = p["reference_grad_norm"]
