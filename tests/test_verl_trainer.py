@@ -22,8 +22,8 @@ def tiny_run(tmp_path_factory):
     from mcore_dapo.harness.tiny_dapo import read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo")
-    # R3 where Megatron has routing replay (0.16 on); the same run without it on the 0.12.1 line
-    replay = "R3" if megatron_compat.supports_routing_replay() else "off"
+    # R3 where Megatron has routing replay (0.16 on); the same run without replay options on the 0.12.1 line
+    replay = "R3" if megatron_compat.supports_routing_replay() else None
     result = run(work, STEPS, timeout=1200, audit=True, router_replay=replay)
     log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
     assert result["returncode"] == 0, log_tail
