@@ -158,8 +158,9 @@ class SelfCheck:
         engine = self.adapter.rollout_package
         if importlib.util.find_spec(engine) is None:
             raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
-        raise Skip(f"{engine} is installed, but the weight sync into its model runner is not part of this "
-                   "version: the exporter itself is checked by the export step")
+        raise Skip(f"{engine} is installed, but selfcheck does not sync into it yet (the sync into vLLM's CPU "
+                   "build is tested by mcore_dapo.harness.vllm_sync, not yet on an accelerator); the exporter "
+                   "itself is checked by the export step")
 
     def step_dapo_update(self) -> dict:
         if importlib.util.find_spec("verl") is None:
