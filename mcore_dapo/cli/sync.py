@@ -1,4 +1,5 @@
-"""``mcore-dapo sync-bench``: time a trainer -> rollout weight sync of a checkpoint in a layout.
+"""``mcore-dapo sync-bench``: time a trainer -> rollout weight sync of a checkpoint in a layout
+(``--rollout vllm``: into a real vLLM engine, :mod:`mcore_dapo.harness.vllm_bench`).
 
 Hooked into ``mcore-dapo`` with :func:`add_commands`. The command starts the
 benchmark under torchrun itself (CPU processes unless a device is given) and
@@ -30,6 +31,9 @@ def add_commands(sub) -> None:
     p.add_argument("--output-ring", type=int, default=1,
                    help="output buffers reused in turn (default 1; 0: a fresh buffer per bucket)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
+    p.add_argument("--rollout", choices=["none", "vllm"], default="none",
+                   help="none: time the export alone (default); vllm: sync into a real vLLM engine "
+                        "(CPU build) through verl's weight-update path and check its parameters and log-probs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=sync_bench)
 
@@ -46,6 +50,13 @@ def _validated(a):
         raise accepted("--bucket-mb", a.bucket_mb, "a positive size in MiB")
     if a.repeat < 1:
         raise accepted("--repeat", a.repeat, "at least 1")
+    if a.rollout == "vllm":
+        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim, require_vllm
+
+        require_vllm()
+        if a.device != "cpu":
+            raise accepted("--device", a.device, "cpu with --rollout vllm (vLLM's CPU build)")
+        check_cpu_head_dim(cfg.head_dim)
     if a.output_ring < 0:
         raise accepted("--output-ring", a.output_ring, "0 or more")
     if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
@@ -54,13 +65,19 @@ def _validated(a):
 
 
 def _args(a, layout, status: Path) -> list[str]:
+    if a.rollout == "vllm":
+        args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
+                "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
+                "--status-file", str(status)]
+        return args + (["--dtype", a.dtype] if a.dtype else [])
     args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
             "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
             "--output-ring", str(a.output_ring), "--device", a.device, "--status-file", str(status)]
     return args + (["--dtype", a.dtype] if a.dtype else [])
 
 
-def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: float) -> dict:
+def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: float,
+                          module: str = "mcore_dapo.harness.sync_bench") -> dict:
     """torchrun in a thread; the bar shows what rank 0 reports it is doing."""
     from tqdm import tqdm
 
@@ -70,7 +87,7 @@ def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: fl
 
     def target():
         try:
-            box["result"] = torchrun("mcore_dapo.harness.sync_bench", args, nproc, timeout=timeout)
+            box["result"] = torchrun(module, args, nproc, timeout=timeout)
         except BaseException as e:  # handed to the main thread
             box["error"] = e
 
@@ -90,6 +107,7 @@ def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: fl
 
 def sync_bench(a) -> int:
     from mcore_dapo.harness.sync_bench import render
+    from mcore_dapo.harness.vllm_bench import render as render_vllm
     from mcore_dapo.runtime.launch import LaunchError
 
     layout, nproc = _validated(a)
@@ -97,11 +115,15 @@ def sync_bench(a) -> int:
         status = Path(tmp) / "status"
         t0 = time.time()
         try:
-            r = _launch_with_progress(_args(a, layout, status), nproc, status, a.timeout)
+            module = "mcore_dapo.harness.vllm_bench" if a.rollout == "vllm" else "mcore_dapo.harness.sync_bench"
+            r = _launch_with_progress(_args(a, layout, status), nproc, status, a.timeout, module)
         except LaunchError as e:
             print(f"sync-bench failed: {e}", file=sys.stderr)
             return 1
     r["nproc"] = nproc
     r["wall_seconds"] = round(time.time() - t0, 1)
+    if a.rollout == "vllm":
+        print(json.dumps(r, indent=1) if a.json else render_vllm(r))
+        return 0 if r["exact"] else 1
     print(json.dumps(r, indent=1) if a.json else render(r))
     return 0 if r["bit_exact"] else 1

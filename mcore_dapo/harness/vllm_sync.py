@@ -79,12 +79,28 @@ class ReadBackExtension(_read_back_base()):
             out[name] = t
         return out
 
+    def mcore_param_names(self) -> list[str]:
+        return [n for n, _ in self.model_runner.model.named_parameters()]
+
+    def mcore_differ(self, tensors: dict) -> list[str]:
+        """Names among ``tensors`` (vLLM's names, TP1 form) whose engine parameter differs, bit for bit;
+        compared where the engine holds them, a few at a time (no full read-back)."""
+        params = dict(self.model_runner.model.named_parameters())
+        packed = self.mcore_runtime_form({n: t for n, t in tensors.items() if ".routed_experts." in n})
+        bad = []
+        for name, t in {**tensors, **packed}.items():
+            p = params.get(name)
+            if p is None or p.dtype != t.dtype or not torch.equal(p.detach().cpu(), t):
+                bad.append(name)
+        return bad
+
 
 class VllmEngineHost:
     """One vLLM engine in a Ray actor, with the calls verl's ServerAdapter makes on its server
     (``collective_rpc``, ``clear_kv_cache``, ``set_global_steps``) and the checks' read-back."""
 
-    def __init__(self, hf_path: str, job_id: str, max_model_len: int = 128, load_format: str = "auto"):
+    def __init__(self, hf_path: str, job_id: str, max_model_len: int = 128, load_format: str = "auto",
+                 dtype: str = "float32"):
         os.environ["VERL_RAY_JOB_ID"] = job_id  # what verl's server sets for its workers' ZMQ socket names
         os.environ["VERL_REPLICA_RANK"] = "0"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this actor: one start
@@ -100,7 +116,7 @@ class VllmEngineHost:
                            self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
         from vllm import LLM
 
-        self.llm = LLM(model=str(hf_path), dtype="float32", enforce_eager=True, skip_tokenizer_init=True,
+        self.llm = LLM(model=str(hf_path), dtype=dtype, enforce_eager=True, skip_tokenizer_init=True,
                        load_format=load_format, worker_extension_cls=WORKER_EXTENSION, max_model_len=max_model_len,
                        seed=0)
         self.global_steps = None
@@ -125,6 +141,12 @@ class VllmEngineHost:
 
     def runtime_form(self, tensors: dict) -> dict:
         return self.llm.collective_rpc("mcore_runtime_form", args=(tensors,))[0]
+
+    def param_names(self) -> list[str]:
+        return self.llm.collective_rpc("mcore_param_names")[0]
+
+    def differ(self, tensors: dict) -> list[str]:
+        return self.llm.collective_rpc("mcore_differ", args=(tensors,))[0]
 
     def prompt_logprobs(self, tokens: list[list[int]]) -> list[list[float]]:
         """log p(token_i | tokens_<i) for i >= 1, per sequence."""

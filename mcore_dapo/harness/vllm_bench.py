@@ -1,0 +1,197 @@
+"""Weight-sync benchmark into the real vLLM engine. Run under torchrun (``mcore-dapo sync-bench --rollout vllm``
+launches it)::
+
+    torchrun --nproc-per-node 2 -m mcore_dapo.harness.vllm_bench --hf-path DIR --ep 2
+
+Rank 0 starts one vLLM engine (CPU build) on *dummy* weights (vLLM's ``load_format="dummy"``), so a sync
+that writes nothing cannot pass. All ranks build the sharded Megatron model from the checkpoint; the
+export plan is checked against the engine's config; then ``--repeat`` times the exporter's stream goes
+through verl's ``ServerAdapter.update_weights`` into vLLM's ``load_weights`` (timed on rank 0, from the
+first exported tensor to the update's return). After the last sync the engine's parameters are compared
+with the export bit for bit where the engine holds them (a layer at a time), vLLM's prompt log-probs on
+fixed tokens are compared with HF transformers' on the same weights, and memcpy bandwidth is measured in
+the same processes (the bound the GB/s are set against). Rank 0 writes the JSON result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from mcore_dapo.harness.sync_bench import DTYPES, TORCH
+
+VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.vllm_bench")
+    ap.add_argument("--hf-path", required=True)
+    for g in ("tp", "pp", "ep"):
+        ap.add_argument(f"--{g}", type=int, default=1)
+    ap.add_argument("--etp", type=int, default=None)
+    ap.add_argument("--bucket-mb", type=float, default=1024.0)
+    ap.add_argument("--dtype", choices=sorted(TORCH), default=None)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--sync-timeout", type=float, default=1800.0)
+    ap.add_argument("--status-file", default=None)
+    ap.add_argument("--out", default=None)
+    return ap.parse_args(argv)
+
+
+def _status(a, text: str) -> None:
+    from pathlib import Path
+
+    if a.status_file and dist.get_rank() == 0:
+        Path(a.status_file).write_text(text)
+
+
+def _by_layer(tensors: dict) -> list[dict]:
+    """The tensors in groups of one decoder layer each (and one group for the rest)."""
+    groups: dict = {}
+    for n, t in tensors.items():
+        m = re.match(r"model\.layers\.(\d+)\.", n)
+        groups.setdefault(int(m.group(1)) if m else -1, {})[n] = t
+    return [groups[k] for k in sorted(groups)]
+
+
+def _hf_logprobs(hf_path, sent: dict, dtype, tokens) -> list[list[float]]:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mcore_dapo.resharding import HFQwen3MoeReceiver
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(hf_path)), dtype=dtype,
+                                             attn_implementation="eager").eval()
+    HFQwen3MoeReceiver(model).load_weights(list(sent.items()))
+    sent.clear()
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor(tokens)).logits.float(), -1)
+    return [[float(logp[b, i - 1, t[i]]) for i in range(1, len(t))] for b, t in enumerate(tokens)]
+
+
+def run(a) -> dict:
+    import ray
+
+    from mcore_dapo.bridge import Bridge, Layout
+    from mcore_dapo.harness.vllm_sync import SERVER, VllmEngineHost, _rollout_adapter
+    from mcore_dapo.io.hf_reader import HFReader
+    from mcore_dapo.runtime.model import build_model, load_hf_weights
+    from mcore_dapo.runtime.parallel import init_parallel, parallel_info
+
+    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    bridge = Bridge.from_hf(a.hf_path, layout)
+    adapter_dev = init_parallel(layout, "cpu")
+    info = parallel_info()
+    with HFReader(a.hf_path) as reader:
+        dtype = a.dtype or DTYPES.get(reader.dtype(reader.keys()[0]), "bf16")
+        host = adapter = None
+        if info.rank == 0:
+            _status(a, "starting vLLM (dummy weights)")
+            ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+            job_id = ray.get_runtime_context().get_job_id()
+            host = ray.remote(VllmEngineHost).options(name=SERVER, num_cpus=0).remote(
+                a.hf_path, job_id, load_format="dummy", dtype=VLLM_DTYPE[dtype])
+            adapter = _rollout_adapter(max(1, int(a.bucket_mb)))
+        try:
+            _status(a, "building the sharded model")
+            chunks, _ = build_model(bridge, adapter_dev, dtype=dtype)
+            load_hf_weights(chunks, bridge, reader, info)
+            return _bench(a, bridge, chunks, info, host, adapter, dtype)
+        finally:
+            if info.rank == 0:
+                ray.shutdown()
+
+
+def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
+    import ray
+
+    from mcore_dapo.harness.sync_bench import memcpy_gbps
+    from mcore_dapo.harness.tiny import tiny_prompts
+    from mcore_dapo.harness.vllm_sync import vllm_layout
+    from mcore_dapo.resharding import WeightExporter, check_before_writing
+    from mcore_dapo.resharding.vllm_target import VllmTarget
+
+    exporter = WeightExporter(chunks, bridge, info, bucket_bytes=max(1, int(a.bucket_mb * (1 << 20))),
+                              dtype=TORCH[dtype])
+    cfg = ray.get(host.config.remote()) if info.rank == 0 else None  # waits for the engine to be up
+    check_before_writing(exporter, VllmTarget(cfg) if info.rank == 0 else None)
+    sent: dict[str, torch.Tensor] = {}
+    times = []
+    for i in range(a.repeat):
+        _status(a, f"sync {i + 1}/{a.repeat} into vLLM")
+        last = i == a.repeat - 1
+
+        def stream():
+            for name, t in exporter.iter_weights():
+                if last and info.rank == 0:
+                    sent[name] = t.detach().clone()
+                yield name, t
+
+        dist.barrier()
+        t0 = time.perf_counter()
+        if info.rank == 0:
+            asyncio.run(asyncio.wait_for(adapter.update_weights(stream(), global_steps=i + 1), timeout=a.sync_timeout))
+        else:
+            for _ in stream():
+                pass
+        times.append(time.perf_counter() - t0)
+    plan = exporter.plan
+    mem = memcpy_gbps(max(b.numel for b in plan.buckets), plan.buckets[0].dtype, exporter.device)
+    r = None
+    if info.rank == 0:
+        _status(a, "comparing the engine's parameters with the export")
+        want = vllm_layout(sent, cfg)
+        engine_names = set(ray.get(host.param_names.remote()))
+        missing, extra = sorted(set(want) - engine_names), sorted(engine_names - set(want))
+        differ = []
+        for group in _by_layer(want):
+            differ += ray.get(host.differ.remote(group))
+        del want
+        nbytes = sum(x.numel() * x.element_size() for x in sent.values())
+        ntensors = len(sent)
+        best = min(times)
+        fixed = tiny_prompts(bridge.cfg.vocab_size, batch=2, seq=12, seed=7).tolist()
+        _status(a, "vLLM vs HF log-probs")
+        ours = ray.get(host.prompt_logprobs.remote(fixed))
+        ref = _hf_logprobs(a.hf_path, sent, TORCH[dtype], fixed)
+        r = {
+            "layout": bridge.layout.describe(), "world_size": info.world_size, "device": "cpu", "dtype": dtype,
+            "rollout": "vllm", "tensors": ntensors, "bytes": nbytes,
+            "seconds": round(best, 4), "seconds_all": [round(x, 4) for x in times],
+            "gbps": round(nbytes / best / 1e9, 3),
+            "memcpy_gbps": round(mem, 3), "of_memcpy": round(nbytes / best / 1e9 / mem, 4),
+            "engine_params": len(engine_names), "missing": missing[:3], "extra": extra[:3], "differ": len(differ),
+            "first_differ": differ[0] if differ else None, "exact": not (missing or extra or differ),
+            "logprob_max_diff": max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h)),
+        }
+    return r
+
+
+def render(r: dict) -> str:
+    """The result as a small table."""
+    rows = [
+        ("layout", f"{r['layout']} on {r['world_size']} cpu processes, {r['dtype']}, into vLLM"),
+        ("tensors / bytes", f"{r['tensors']} / {r['bytes'] / 1e9:.3f} GB"),
+        ("sync into vLLM", f"{r['seconds']} s ({r['gbps']} GB/s); all runs {r['seconds_all']}"),
+        ("limit: memcpy", f"{r['memcpy_gbps']} GB/s (the sync reaches {r['of_memcpy']:.1%} of it)"),
+        ("engine params == export", "yes" if r["exact"] else
+         f"NO ({r['differ']} differ, first {r['first_differ']}; missing {r['missing']}; extra {r['extra']})"),
+        ("vLLM vs HF log-probs", f"max |diff| {r['logprob_max_diff']:.3g}"),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+
+def main(argv=None) -> int:
+    from mcore_dapo.runtime.launch import worker_main
+
+    return worker_main(parse_args, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
