@@ -111,3 +111,14 @@ def routing_replay_refusal(mode: str, installed: str) -> str:
     return (f"router_replay.mode={mode} needs MoE routing replay, which megatron-core {installed} does not have "
             f"(TransformerConfig.moe_enable_routing_replay, from megatron-core {ROUTING_REPLAY_SINCE}); accepted "
             f"with megatron-core {installed} is router_replay.mode=disabled")
+
+
+def gated_fc1_stride(use_kitchen: bool = False) -> int:
+    """The ``partition_stride`` Megatron itself gives a gated MLP's ``linear_fc1`` weight: 2 from core_v0.16.0
+    (``MLP.__init__``'s ``fc1_stride`` in ``megatron/core/transformer/mlp.py``, 1 with ``use_kitchen``), 1 up to
+    core_v0.15 (no stride passed)."""
+    from packaging.version import Version
+
+    from megatron.core.package_info import __version__
+
+    return 2 if Version(__version__) >= Version("0.16.0") and not use_kitchen else 1

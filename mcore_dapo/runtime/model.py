@@ -64,14 +64,17 @@ def mark_tensor_parallel(model: torch.nn.Module) -> int:
     loaded afterwards, as here) then has TP-split weights that look replicated, and Megatron's
     gradient norm (``param_is_not_tensor_parallel_duplicate``) counts them on TP rank 0 only: under
     TP > 1 the reported norm is too small and gradient clipping acts on it. The values set are those
-    of the initialising path: the stride is 2 for a gated MLP's ``linear_fc1`` (``MLP.__init__`` in
-    ``megatron/core/transformer/mlp.py``), 1 elsewhere."""
+    of the initialising path: the stride of a gated MLP's ``linear_fc1`` is Megatron's own
+    (``megatron_compat.gated_fc1_stride``: 2 from 0.16, 1 before), 1 elsewhere. Megatron-core 0.12.1
+    sets the attributes in the same two functions."""
     from megatron.core.tensor_parallel.layers import (_MODEL_PARALLEL_ATTRIBUTE_DEFAULTS as TP_ATTRS,
                                                       ColumnParallelLinear,
                                                       RowParallelLinear, VocabParallelEmbedding,
                                                       set_tensor_model_parallel_attributes)
     from megatron.core.transformer.mlp import MLP
     from megatron.core.transformer.moe.experts import GroupedMLP
+
+    from mcore_dapo.megatron_compat import gated_fc1_stride
 
     split_dims = (  # which dimension of each weight the layer splits over its tensor-parallel group
         (VocabParallelEmbedding, {"weight": 0}),
@@ -82,8 +85,8 @@ def mark_tensor_parallel(model: torch.nn.Module) -> int:
     strides = {}
     for module in model.modules():
         fc1 = getattr(module, "linear_fc1", None) if isinstance(module, MLP) else None
-        if fc1 is not None and module.config.gated_linear_unit and not module.config.use_kitchen:
-            strides[id(fc1)] = 2
+        if fc1 is not None and module.config.gated_linear_unit:
+            strides[id(fc1)] = gated_fc1_stride(getattr(module.config, "use_kitchen", False))
     n = 0
     for module in model.modules():
         for cls, dims in split_dims:
