@@ -189,7 +189,7 @@ class RouteProbe:
             rows, count = self.expected
             idx = route_layer_index(self.tf, rows.shape[1], number)
             want = torch.zeros(routing_map.shape, dtype=torch.bool)
-            want.scatter_(1, rows[:, idx].long(), True)
+            want.scatter_(1, rows[:, idx].long(), True)  # novermin: Tensor.long
             same = (routing_map.cpu() == want).all(-1) & count
             self.equal += int(same.sum())
             self.total += int(count.sum())
@@ -266,7 +266,7 @@ def bshd_forward_step(engine, base, batch_iter, model, logits_processor_func, po
         rows = order.local(padded, sp)
         keep = order.local(replay_rows(order, routes, replay), sp)
         for number, rr in routers:
-            rr.set_target_indices(rows[:, route_layer_index(tf, rows.shape[1], number)].long(), replay_mask=keep)
+            rr.set_target_indices(rows[:, route_layer_index(tf, rows.shape[1], number)].long(), replay_mask=keep)  # novermin
     probe = getattr(engine, "_mcore_route_probe", None)
     if probe is not None:
         # replaying: against the replayed routes; else against the rollout's, where kept for the metric
