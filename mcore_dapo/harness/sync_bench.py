@@ -199,6 +199,11 @@ def render(r: dict) -> str:
         ("peak exporter buffers", f"{r['peak_buffer_bytes'] / 2**20:.1f} MiB"),
         ("bit-exact vs checkpoint", "yes" if r["bit_exact"] else f"NO (first: {r['first_mismatch']})"),
     ]
+    return kv_table(rows)
+
+
+def kv_table(rows: list[tuple[str, str]]) -> str:
+    """``label  value`` lines, the labels padded to one width."""
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 

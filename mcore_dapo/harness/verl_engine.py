@@ -108,28 +108,33 @@ def dist_world() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def start_actor(a, **kw):
+    """verl's ``ActorRolloutRefWorker(role="actor")`` built from the user's overrides (``kw``: layout, device,
+    replay...) and ``init_model`` run (this plugin's engine); the batch and its rollout-shaped DataProto."""
+    from transformers import AutoConfig
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    c = compose(rewrite(overrides(a.hf_path, a.ep, world=dist_world(), **kw)))
+    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
+    worker.init_model()
+    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size, seed=a.seed)
+    return worker, worker.actor.engine, batch, rollout_batch(batch)
+
+
 def run(a) -> dict:
     import torch.distributed as dist
 
     from mcore_dapo.devices import get_adapter
     from mcore_dapo.resharding import HFQwen3MoeReceiver
     from mcore_dapo.runtime.launch import peak_rss_mb
-    from mcore_dapo.verl_plugin.main_dapo import compose
-    from mcore_dapo.verl_plugin.overrides import rewrite
-    from transformers import AutoConfig
     from verl.utils import tensordict_utils as tu
-    from verl.workers.engine_workers import ActorRolloutRefWorker
     from verl.workers.utils.padding import no_padding_2_padding
 
-    c = compose(rewrite(overrides(a.hf_path, a.ep, world=dist_world(), device=a.device,
-                                  remove_padding=a.remove_padding)))
-    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
-    worker.init_model()
-    engine = worker.actor.engine
+    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding)
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
-
-    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size, seed=a.seed)
-    data = rollout_batch(batch)
     bs = len(data)
     # the old policy: verl's compute_log_prob (infer_batch), then noise so that all clip ranges act
     td = engine_batch(data)
@@ -190,22 +195,13 @@ def replay_run(a) -> dict:
     import os
 
     from mcore_dapo.verl_plugin import audit
-    from mcore_dapo.verl_plugin.main_dapo import compose
-    from mcore_dapo.verl_plugin.overrides import rewrite
     from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
     from mcore_dapo.verl_plugin.rollout_cpu import RouteRecorder
-    from transformers import AutoConfig
     from verl.utils import tensordict_utils as tu
-    from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    c = compose(rewrite(overrides(a.hf_path, a.ep, a.tp, a.pp, world=dist_world(), device=a.device,
-                                  router_replay="R2", dispatcher=a.dispatcher)))
-    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
-    worker.init_model()
-    engine = worker.actor.engine
+    worker, engine, batch, data = start_actor(a, tp=a.tp, pp=a.pp, device=a.device, router_replay="R2",
+                                              dispatcher=a.dispatcher)
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
-    batch = make_batch(AutoConfig.from_pretrained(a.hf_path).vocab_size, seed=a.seed)
-    data = rollout_batch(batch)
     mini = GROUPS * N
     probe = engine._mcore_route_probe
     result = {"layout": engine.mapping.layout.describe(), "dispatcher": engine.tf_config.moe_token_dispatcher_type,

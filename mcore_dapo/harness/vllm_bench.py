@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from mcore_dapo.harness.sync_bench import DTYPES, TORCH
+from mcore_dapo.harness.sync_bench import DTYPES, TORCH, kv_table
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -183,8 +183,7 @@ def render(r: dict) -> str:
          f"NO ({r['differ']} differ, first {r['first_differ']}; missing {r['missing']}; extra {r['extra']})"),
         ("vLLM vs HF log-probs", f"max |diff| {r['logprob_max_diff']:.3g}"),
     ]
-    w = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+    return kv_table(rows)
 
 
 def main(argv=None) -> int:

@@ -33,35 +33,41 @@ def _module(name):
     return mod
 
 
-def __getattr__(item):
-    if item.startswith("__"):
-        raise AttributeError(item)
-    return NpuAbsent(f"torch_npu.{item}")
-
-
 class _SubmoduleFinder:
-    """Any ``torch_npu.<name>`` submodule is a placeholder module of absent names."""
+    """Any ``<package>.<name>`` submodule is a placeholder module of absent names."""
 
-    @classmethod
-    def find_spec(cls, fullname, path=None, target=None):
-        if not fullname.startswith(__name__ + "."):
+    def __init__(self, package):
+        self.package = package
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(self.package + "."):
             return None
         import importlib.machinery
 
-        return importlib.machinery.ModuleSpec(fullname, cls, is_package=True)
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
 
-    @staticmethod
-    def create_module(spec):
+    def create_module(self, spec):
         mod = _module(spec.name)
         mod.__path__ = []
         return mod
 
-    @staticmethod
-    def exec_module(module):
+    def exec_module(self, module):
         pass
 
 
-sys.meta_path.append(_SubmoduleFinder)
+def absent_names(package):
+    """The module ``__getattr__`` of a stand-in package whose every name is absent; its submodules too."""
+    sys.meta_path.append(_SubmoduleFinder(package))
+
+    def __getattr__(item):
+        if item.startswith("__"):
+            raise AttributeError(item)
+        return NpuAbsent(f"{package}.{item}")
+
+    return __getattr__
+
+
+__getattr__ = absent_names(__name__)
 
 # torch_npu makes its device namespace torch.npu; here every name in it is absent.
 import torch  # noqa: E402
