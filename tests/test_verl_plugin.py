@@ -1,5 +1,6 @@
 """The verl plugin: override rewriting, DRY_RUN of the DAPO scripts (valid and invalid layouts), engine registration."""
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,9 +12,11 @@ import pytest
 pytest.importorskip("verl")
 
 from mcore_dapo.errors import UserError  # noqa: E402
+from mcore_dapo.megatron_compat import supports_routing_replay  # noqa: E402
 from mcore_dapo.verl_plugin.overrides import rewrite, rewrite_main_argv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+MCORE = importlib.metadata.version("megatron-core")
 
 
 def test_strategy_megatron_implies_model_engine():
@@ -69,6 +72,14 @@ def test_dry_run_invalid(overrides, message):
 def test_dry_run_router_replay_env():
     # ROUTER_REPLAY=R3: verl's replay mode and the rollout returning its routed experts
     p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R3")
+    if not supports_routing_replay():
+        # megatron-core before 0.16.0 has no routing replay: refused in one line, never trained without it
+        assert p.returncode == 2
+        assert p.stderr.strip().splitlines() == [
+            f"error: router_replay.mode=R3 needs MoE routing replay, which megatron-core {MCORE} does not have "
+            "(TransformerConfig.moe_enable_routing_replay, from megatron-core 0.16.0); accepted with megatron-core "
+            f"{MCORE} is router_replay.mode=disabled"]
+        return
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1])["router_replay"] == "R3"
     # R3 with a rollout that does not return routes would have nothing to replay: refused
