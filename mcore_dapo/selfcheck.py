@@ -6,7 +6,8 @@ failed step does not hide the others:
 1. ``env``: versions, the device, Transformer Engine / MindSpeed, the patches that apply;
 2. ``model``: on an accelerator, Qwen3-30B-A3B at its real width (hidden 2048, 32 heads / 4 KV groups,
    head_dim 128, 128 experts top-8, expert ffn 768, vocab 151936) truncated to ``--layers`` layers with
-   seeded random weights (HF safetensors, no download); on the CPU the tiny Qwen3-MoE. The HF reference
+   seeded random weights (HF safetensors, no download); on the CPU the tiny Qwen3-MoE (head_dim 32, which
+   vLLM's CPU attention accepts). The HF reference
    logits are computed in a clean process on the CPU, in fp32;
 3. ``megatron_vs_hf``: Megatron on the device (TE spec on CUDA when TE imports, MindSpeed's on Ascend,
    local on the CPU) against HF, under the largest layout ``--nproc`` allows (EP up to nproc, TP 2 from 4
@@ -15,7 +16,11 @@ failed step does not hide the others:
 4. ``convert_roundtrip``: hf2mcore then mcore2hf (both run on the CPU under gloo), bit-exact, GB/s;
 5. ``export``: the rollout exporter (resharding) under the same layout on the device: every tensor
    bit-exact against the checkpoint, seconds, GB/s and the memcpy bound measured in the same run;
-6. ``rollout_sync``: the weights into the rollout engine itself (vLLM / vllm-ascend);
+6. ``rollout_sync``: the exporter's stream into the rollout engine itself (vLLM's CPU build, vLLM on CUDA,
+   vllm-ascend) through verl's ``ServerAdapter.update_weights``, the engine started on dummy weights and
+   colocated with rank 0 (:mod:`mcore_dapo.harness.vllm_bench`): the engine's parameters equal the export
+   bit for bit, seconds, GB/s, and vLLM's log-probs against HF's on the same weights (< 1e-4 in fp32;
+   reported, not judged, in bf16, where the two use different kernels);
 7. ``dapo_update``: one DAPO update through verl's engine path with this plugin's engine (packed
    sequences where the device supports them): tokens/s, peak memory, the planner's prediction.
 
@@ -41,7 +46,9 @@ REAL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "models" / "q
 STEPS = ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "rollout_sync", "dapo_update")
 # rough lower bounds of each step's time (seconds) on an accelerator node / the CPU, for --budget-s
 NEEDS = {"model": (150, 10), "megatron_vs_hf": (60, 40), "convert_roundtrip": (120, 60), "export": (60, 30),
-         "rollout_sync": (60, 30), "dapo_update": (180, 150)}
+         "rollout_sync": (90, 60), "dapo_update": (180, 150)}
+CPU_HEAD_DIM = 32  # the tiny model's default 16 is refused by vLLM's CPU attention
+LOGPROB_TOLERANCE_FP32 = 1e-4  # vLLM vs HF log-probs on the same fp32 weights
 TOLERANCE = {"fp32": {"max_abs_diff": 1e-4, "top1_agreement": 1.0},
              "bf16": {"mean_abs_diff": 0.05, "top1_agreement": 0.9}}
 
@@ -111,7 +118,7 @@ class SelfCheck:
         if self.accelerator:  # a config that is missing is config_path's one-line error
             make_truncated_model(model, self.config, self.layers)
         else:
-            make_tiny_model(model, seed=0)
+            make_tiny_model(model, seed=0, head_dim=CPU_HEAD_DIM)
         seq = "64" if self.accelerator else "16"
         subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(model), str(ref),
                         "--seq", seq], check=True, capture_output=True, text=True)
@@ -158,9 +165,14 @@ class SelfCheck:
         engine = self.adapter.rollout_package
         if importlib.util.find_spec(engine) is None:
             raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
-        raise Skip(f"{engine} is installed, but selfcheck does not sync into it yet (the sync into vLLM's CPU "
-                   "build is tested by mcore_dapo.harness.vllm_sync, not yet on an accelerator); the exporter "
-                   "itself is checked by the export step")
+        if importlib.util.find_spec("verl") is None:  # the weights go through verl's own ServerAdapter
+            raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
+        r = self._torchrun("mcore_dapo.harness.vllm_bench",
+                           ["--hf-path", str(self._model()), "--device", self.device, "--repeat", "2",
+                            *layout_args(self.layout)])
+        r["logprob_tolerance"] = LOGPROB_TOLERANCE_FP32 if self.dtype == "fp32" else None
+        r["ok"] = bool(r["exact"]) and (self.dtype != "fp32" or r["logprob_max_diff"] < LOGPROB_TOLERANCE_FP32)
+        return r
 
     def step_dapo_update(self) -> dict:
         if importlib.util.find_spec("verl") is None:
@@ -262,6 +274,9 @@ HEADLINE = {
                                    f"mcore2hf {r['mcore2hf_gbps']:.3g} GB/s ({r['bytes'] / 1e9:.3g} GB)",
     "export": lambda r: f"bit-exact {r['bit_exact']}, {r['seconds']} s, {r['gbps']:.3g} GB/s "
                         f"(memcpy {r['memcpy_gbps']:.3g} GB/s)",
+    "rollout_sync": lambda r: f"engine == export {r['exact']}, {r['seconds']} s, {r['gbps']:.3g} GB/s "
+                              f"(memcpy {r['memcpy_gbps']:.3g} GB/s), vLLM vs HF log-probs max abs diff "
+                              f"{r['logprob_max_diff']:.3g}",
     "model": lambda r: f"{r['layers']} layers, hidden {r['hidden']}, {r['experts']} experts, "
                        f"{r['bytes'] / 1e9:.3g} GB, layout {r['layout']}",
     "env": lambda r: f"torch {r['versions']['torch']}, megatron-core {r['versions']['megatron-core']}, "

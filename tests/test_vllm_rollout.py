@@ -61,3 +61,28 @@ def test_unsupported_head_dim_is_one_line():
     with pytest.raises(UserError, match=r"head_dim=16 is not supported by vLLM's CPU attention; it accepts"):
         check_cpu_head_dim(16)
     check_cpu_head_dim(32)
+
+
+def test_device_engine_options_name_rays_own_resources():
+    """On a device, the engine actor asks Ray for the resource Ray's accelerator manager sets the visible
+    devices from (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so it lands on one device."""
+    from ray._private.accelerators import NPUAcceleratorManager, NvidiaGPUAcceleratorManager
+
+    from mcore_dapo.harness.vllm_sync import engine_actor_options, expert_prefix, vllm_layout
+
+    assert NvidiaGPUAcceleratorManager.get_resource_name() == "GPU"
+    assert engine_actor_options("cuda") == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})
+    npu = NPUAcceleratorManager.get_resource_name()
+    assert engine_actor_options("npu") == ({"resources": {npu: 1}}, {"num_cpus": 0, "resources": {npu: 1}})
+    assert engine_actor_options("cpu")[1] == {"num_cpus": 0}
+    # the stacked experts' names follow the engine's own
+    assert expert_prefix(["model.layers.0.mlp.experts.routed_experts.w13_weight"]) == "experts.routed_experts."
+    assert expert_prefix(["model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.gate.weight"]) == "experts."
+    import torch
+
+    hf = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight": torch.full((2, 3), float(e)) for e in range(2)
+          for p in ("gate", "up", "down")}
+    hf.update({f"model.layers.0.self_attn.{p}_proj.weight": torch.zeros(3, 3) for p in "qkvo"})
+    out = vllm_layout(hf, {"num_hidden_layers": 1, "num_experts": 2}, "experts.")
+    assert out["model.layers.0.mlp.experts.w13_weight"].shape == (2, 4, 3)
+    assert out["model.layers.0.mlp.experts.w2_weight"][1].eq(1).all()

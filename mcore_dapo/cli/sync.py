@@ -33,7 +33,8 @@ def add_commands(sub) -> None:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the run is abandoned")
     p.add_argument("--rollout", choices=["none", "vllm"], default="none",
                    help="none: time the export alone (default); vllm: sync into a real vLLM engine "
-                        "(CPU build) through verl's weight-update path and check its parameters and log-probs")
+                        "(the CPU build, or vLLM / vllm-ascend on --device cuda / npu, colocated with rank 0) "
+                        "through verl's weight-update path and check its parameters and log-probs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=sync_bench)
 
@@ -54,9 +55,8 @@ def _validated(a):
         from mcore_dapo.resharding.vllm_target import check_cpu_head_dim, require_vllm
 
         require_vllm()
-        if a.device != "cpu":
-            raise accepted("--device", a.device, "cpu with --rollout vllm (vLLM's CPU build)")
-        check_cpu_head_dim(cfg.head_dim)
+        if a.device == "cpu":
+            check_cpu_head_dim(cfg.head_dim)
     if a.output_ring < 0:
         raise accepted("--output-ring", a.output_ring, "0 or more")
     if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
@@ -68,7 +68,7 @@ def _args(a, layout, status: Path) -> list[str]:
     if a.rollout == "vllm":
         args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
                 "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
-                "--status-file", str(status)]
+                "--device", a.device, "--status-file", str(status)]
         return args + (["--dtype", a.dtype] if a.dtype else [])
     args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
             "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),

