@@ -27,7 +27,7 @@ def test_every_step_on_the_cpu(tmp_path):
     assert steps["megatron_vs_hf"]["result"]["max_abs_diff"] < 1e-4
     assert steps["convert_roundtrip"]["result"]["bit_exact"] and steps["export"]["result"]["bit_exact"]
     update = steps["dapo_update"]["result"]
-    assert update["received_vs_engine"] == 0.0 and update["tokens_per_second"] > 0 and update["planner_peak_gib"] > 0
+    assert update["received_vs_engine"] == 0.0 and update["tokens_per_second"] > 0 and update["planner_allocated_gib"] > 0
     sync = steps["rollout_sync"]
     if importlib.util.find_spec("vllm") is None:
         assert sync["verdict"] == "skipped" and sync["reason"].startswith("vllm is not installed"), sync
