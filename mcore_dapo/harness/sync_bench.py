@@ -23,8 +23,9 @@ DTYPES = {"F32": "fp32", "BF16": "bf16", "F16": "fp16"}
 TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.sync_bench")
+def bench_parser(prog: str) -> argparse.ArgumentParser:
+    """The arguments both sync benches take (this one and :mod:`mcore_dapo.harness.vllm_bench`)."""
+    ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--hf-path", required=True)
     for g in ("tp", "pp", "ep"):
         ap.add_argument(f"--{g}", type=int, default=1)
@@ -32,11 +33,16 @@ def parse_args(argv=None):
     ap.add_argument("--bucket-mb", type=float, default=1024.0)
     ap.add_argument("--dtype", choices=sorted(TORCH), default=None,
                     help="model and export dtype (default: the checkpoint's)")
-    ap.add_argument("--device", default=None)
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--output-ring", type=int, default=1, help="pooled output buffers (0: a fresh one per bucket)")
     ap.add_argument("--status-file", default=None, help="rank 0 writes its current step here")
     ap.add_argument("--out", default=None)
+    return ap
+
+
+def parse_args(argv=None):
+    ap = bench_parser("python -m mcore_dapo.harness.sync_bench")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--output-ring", type=int, default=1, help="pooled output buffers (0: a fresh one per bucket)")
     return ap.parse_args(argv)
 
 

@@ -19,7 +19,6 @@ read-back copies go to the host, and the HF log-prob reference runs on the CPU.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import re
 import sys
@@ -28,33 +27,17 @@ import time
 import torch
 import torch.distributed as dist
 
-from mcore_dapo.harness.sync_bench import DTYPES, TORCH, kv_table
+from mcore_dapo.harness.sync_bench import DTYPES, TORCH, _status, bench_parser, kv_table
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.vllm_bench")
-    ap.add_argument("--hf-path", required=True)
-    for g in ("tp", "pp", "ep"):
-        ap.add_argument(f"--{g}", type=int, default=1)
-    ap.add_argument("--etp", type=int, default=None)
-    ap.add_argument("--bucket-mb", type=float, default=1024.0)
-    ap.add_argument("--dtype", choices=sorted(TORCH), default=None)
+    ap = bench_parser("python -m mcore_dapo.harness.vllm_bench")
     ap.add_argument("--device", choices=("cpu", "cuda", "npu"), default="cpu")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--sync-timeout", type=float, default=1800.0)
-    ap.add_argument("--status-file", default=None)
-    ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
-
-
-def _status(a, text: str) -> None:
-    from pathlib import Path
-
-    if a.status_file and dist.get_rank() == 0:
-        Path(a.status_file).write_text(text)
 
 
 def _by_layer(tensors: dict) -> list[dict]:
@@ -84,7 +67,7 @@ def run(a) -> dict:
     import ray
 
     from mcore_dapo.bridge import Bridge, Layout
-    from mcore_dapo.harness.vllm_sync import SERVER, VllmEngineHost, _rollout_adapter, engine_actor_options
+    from mcore_dapo.harness.vllm_sync import _rollout_adapter, start_engine_host
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
@@ -98,12 +81,8 @@ def run(a) -> dict:
         host = adapter = None
         if info.rank == 0:
             _status(a, "starting vLLM (dummy weights)")
-            init, options = engine_actor_options(a.device)
-            ray.init(**init, include_dashboard=False, log_to_driver=False)
-            job_id = ray.get_runtime_context().get_job_id()
-            host = ray.remote(VllmEngineHost).options(name=SERVER, **options).remote(
-                a.hf_path, job_id, load_format="dummy", dtype=VLLM_DTYPE[dtype], device=a.device,
-                gpu_memory_utilization=a.gpu_memory_utilization)
+            host = start_engine_host(a.hf_path, a.device, load_format="dummy", dtype=VLLM_DTYPE[dtype],
+                                     gpu_memory_utilization=a.gpu_memory_utilization)
             if a.device != "cpu":  # vLLM sizes its share of the device before the model is built beside it
                 ray.get(host.config.remote())
             adapter = _rollout_adapter(max(1, int(a.bucket_mb)))

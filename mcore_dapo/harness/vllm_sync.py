@@ -196,6 +196,18 @@ def engine_actor_options(device: str) -> tuple[dict, dict]:
     raise ValueError(device)
 
 
+def start_engine_host(hf_path: str, device: str = "cpu", **engine_kwargs):
+    """Ray started in this process and one :class:`VllmEngineHost` actor under verl's server name, on
+    ``device`` (:func:`engine_actor_options`); returns its handle (the engine comes up asynchronously)."""
+    import ray
+
+    init, options = engine_actor_options(device)
+    ray.init(**init, include_dashboard=False, log_to_driver=False)
+    job_id = ray.get_runtime_context().get_job_id()
+    return ray.remote(VllmEngineHost).options(name=SERVER, **options).remote(hf_path, job_id, device=device,
+                                                                             **engine_kwargs)
+
+
 def expert_prefix(engine_names) -> str:
     """Where vLLM keeps the stacked experts under ``...mlp.``, read from the engine's own parameter names:
     ``experts.routed_experts.`` where FusedMoE holds a ``RoutedExperts`` module (vLLM 0.31's
@@ -360,10 +372,7 @@ def run(a) -> dict:
     rank = int(os.environ["RANK"])
     host = adapter = None
     if rank == 0:
-        init, options = engine_actor_options("cpu")
-        ray.init(**init, include_dashboard=False, log_to_driver=False)
-        job_id = ray.get_runtime_context().get_job_id()
-        host = ray.remote(VllmEngineHost).options(name=SERVER, **options).remote(a.hf_path, job_id)
+        host = start_engine_host(a.hf_path)
         adapter = _rollout_adapter(a.bucket_mb)
     r = {"layouts": []}
     try:
