@@ -27,6 +27,7 @@ TEST_FILE=${TEST_FILE:-/data/datasets/aime-2024.parquet}
 GEN_TP=2
 INFER_MAX_TOKENS=$((1024 * 16))
 ENFORCE_EAGER=True
+LOGGER='["console"]'  # the guide's trainer.logger for this device
 
 LAYOUT=()
 for role in actor ref; do

@@ -24,6 +24,7 @@ TEST_FILE=${TEST_FILE:-/data/datasets/aime-2024.parquet}
 GEN_TP=2
 INFER_MAX_TOKENS=$((1024 * 32))
 ENFORCE_EAGER=False
+LOGGER='["tensorboard", "console"]'  # the guide's trainer.logger for this device
 
 LAYOUT=()
 for role in actor ref; do

@@ -42,15 +42,27 @@ def dry_run(script: str, *overrides: str, **env_vars: str) -> subprocess.Complet
                           env=env, timeout=300)
 
 
-@pytest.mark.parametrize("script, want", [
-    ("dapo_qwen3_30b_h100.sh", {"tp": 2, "pp": 1, "ep": 8, "etp": 1, "dp": 16, "edp": 4, "world_size": 32}),
-    ("dapo_qwen3_30b_a2.sh", {"tp": 1, "pp": 2, "ep": 8, "vpp": 2, "dp": 16, "edp": 2, "world_size": 32}),
+@pytest.mark.parametrize("script, want, logger", [
+    ("dapo_qwen3_30b_h100.sh", {"tp": 2, "pp": 1, "ep": 8, "etp": 1, "dp": 16, "edp": 4, "world_size": 32},
+     ["tensorboard", "console"]),
+    ("dapo_qwen3_30b_a2.sh", {"tp": 1, "pp": 2, "ep": 8, "vpp": 2, "dp": 16, "edp": 2, "world_size": 32},
+     ["console"]),
 ])
-def test_dry_run_valid(script, want):
-    p = dry_run(script)
+def test_dry_run_valid(script, want, logger, tmp_path):
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "composed.yaml"
+    p = dry_run(script, MCORE_DAPO_CONFIG_OUT=str(out))
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert {k: got[k] for k in want} == want
+    # the settings the scripts add to verl's defaults, as verl's composed config holds them
+    c = OmegaConf.load(out)
+    assert list(c.trainer.logger) == logger  # the guide's per device; verl's default adds wandb
+    assert c.actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler is True  # resume keeps the LR schedule
+    fg = c.algorithm.filter_groups  # verl 0.9.1: up to max_inflight_gen_batches * train_batch_size prompts in flight
+    assert (fg.enable, fg.metric, fg.max_inflight_gen_batches) == (True, "acc", 3)
+    assert fg.max_inflight_gen_batches * c.data.train_batch_size == 96  # the guide's gen_batch_size
 
 
 @pytest.mark.parametrize("overrides, message", [

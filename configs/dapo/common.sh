@@ -1,12 +1,17 @@
 # The guide's DAPO settings for Qwen3-30B-A3B, spelled for verl 0.9.1, on the Megatron path.
 # Sourced by configs/dapo_qwen3_30b_*.sh after they set: NNODES, DEVICE, MODEL_PATH, CKPTS_DIR,
-# TRAIN_FILE, TEST_FILE, GEN_TP, INFER_MAX_TOKENS, ENFORCE_EAGER and the LAYOUT array (actor = ref).
+# TRAIN_FILE, TEST_FILE, GEN_TP, INFER_MAX_TOKENS, ENFORCE_EAGER, LOGGER (trainer.logger, the guide's per
+# device: verl's default ["console","wandb"] needs a wandb login) and the LAYOUT array (actor = ref).
 # Differences from the guide's FSDP script (see docs/VERL_PLUGIN.md):
 #   recipe.dapo.main_dapo -> python -m mcore_dapo.verl_plugin.main_dapo (verl 0.9.1 has no recipe/ folder)
 #   actor.strategy=fsdp + fsdp_config.*  -> actor.strategy=megatron + actor/ref .megatron.* (LAYOUT)
 #   reward_model.reward_manager/overlong_buffer -> reward.reward_manager.name, reward.reward_kwargs.*
 #   ulysses_sequence_parallel_size, use_torch_compile (FSDP only) -> dropped
 #   gen_dp / rollout_world_size / enable_expert_parallel (not in 0.9.1's rollout config) -> dropped
+#   data.gen_batch_size=96, filter_groups.max_num_gen_batches=10 -> filter_groups.max_inflight_gen_batches=3:
+#       with filter groups on, verl 0.9.1's v1 trainer sets gen_batch_size to 1 and ignores
+#       max_num_gen_batches (verl/trainer/ppo/v1/trainer_base.py); at most 3 x train_batch_size = 96 prompts
+#       are in flight while it refills filtered groups (docs/VERL_PLUGIN.md, "Dynamic sampling")
 
 # ROUTER_REPLAY=off|R2|R3 (default off): MoE router replay in training (docs/VERL_PLUGIN.md, "Router replay").
 #   R2: compute_log_prob records the training routers' top-k, the update replays them.
@@ -36,7 +41,6 @@ DAPO_ARGS=(
     data.truncation=left
     data.max_prompt_length=${max_prompt_length}
     data.max_response_length=${max_response_length}
-    data.gen_batch_size=$((train_prompt_bsz * 3))
     data.train_batch_size=${train_prompt_bsz}
     actor_rollout_ref.rollout.n=16
     actor_rollout_ref.rollout.max_num_seqs=1024
@@ -50,7 +54,7 @@ DAPO_ARGS=(
     actor_rollout_ref.actor.clip_ratio_high=0.28
     actor_rollout_ref.actor.clip_ratio_c=10.0
     algorithm.filter_groups.enable=True
-    algorithm.filter_groups.max_num_gen_batches=10
+    algorithm.filter_groups.max_inflight_gen_batches=3
     algorithm.filter_groups.metric=acc
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.actor.use_dynamic_bsz=True
@@ -64,6 +68,7 @@ DAPO_ARGS=(
     actor_rollout_ref.actor.optim.lr=1e-6
     actor_rollout_ref.actor.optim.lr_warmup_steps=10
     actor_rollout_ref.actor.optim.weight_decay=0.1
+    actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler=True
     actor_rollout_ref.actor.ppo_mini_batch_size=${train_prompt_bsz}
     actor_rollout_ref.actor.entropy_coeff=0
     actor_rollout_ref.actor.optim.clip_grad=1.0
@@ -95,6 +100,7 @@ DAPO_ARGS=(
     +reward.reward_kwargs.overlong_buffer_cfg.len=$((1024 * 4))
     +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0
     +reward.reward_kwargs.overlong_buffer_cfg.log=False
+    trainer.logger="${LOGGER}"
     trainer.project_name=DAPO
     trainer.experiment_name=DAPO-Qwen3-30B-megatron
     trainer.n_gpus_per_node=8

@@ -7,6 +7,8 @@ with the rewritten overrides. ``DRY_RUN=1`` stops after the checks and prints th
 resolved Megatron parallel sizes as one JSON line (no Ray, no device).
 ``MCORE_DAPO_MODEL_CONFIG``: a folder with the model's config.json, used by the
 checks when ``actor_rollout_ref.model.path`` is not on this machine (dry runs).
+``MCORE_DAPO_CONFIG_OUT=FILE`` with ``DRY_RUN=1``: also write the composed config (YAML,
+interpolations unresolved) to FILE.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def verl_validate(c) -> None:
         raise UserError(f"verl rejects the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def dry_run(overrides: list[str]) -> dict:
+def dry_run(overrides: list[str]):
+    """Compose and check; return the resolved parallel sizes and the composed config."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -53,7 +56,7 @@ def dry_run(overrides: list[str]) -> dict:
         raise UserError(f"verl config does not compose: {str(e).splitlines()[0]}") from None
     sizes = validate(c, os.environ.get("MCORE_DAPO_MODEL_CONFIG"))
     verl_validate(c)
-    return sizes
+    return sizes, c
 
 
 def expected_stack(device: str | None) -> dict:
@@ -80,8 +83,12 @@ def main(argv=None) -> int:
         from mcore_dapo.verl_plugin.config_checks import check_verl_version
 
         check_verl_version(getattr(verl, "__version__", "0"))  # before composing: older verl configs differ
-        sizes = dry_run(overrides)
+        sizes, composed = dry_run(overrides)
         if os.environ.get("DRY_RUN", "0") not in ("", "0"):
+            if os.environ.get("MCORE_DAPO_CONFIG_OUT"):
+                from omegaconf import OmegaConf
+
+                OmegaConf.save(composed, os.environ["MCORE_DAPO_CONFIG_OUT"])
             sizes.update(expected_stack(sizes.get("device")))
             if "expected_stack" in sizes:
                 print(f"expects on {sizes['device']}: "
