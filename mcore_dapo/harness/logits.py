@@ -62,7 +62,9 @@ def run(a) -> dict:
     bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()
-    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher,
+    # no auxiliary load-balancing loss, as verl's engine trains (aux_loss_coeff=0): the backward's loss is
+    # the cross-entropy alone, which the HF reference computes
+    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0,
                              make_vocab_size_divisible_by=a.vocab_divisible_by)
     key_layout = None
     if a.mcore_path:
@@ -101,21 +103,52 @@ def run(a) -> dict:
         "top1_agreement": stat[2],
     }
     if a.backward:
-        for c in chunks:
-            c.train()
-        labels = torch.roll(tokens, -1, dims=1)
-        losses = run_schedule(chunks, tokens, labels=labels, forward_only=False, micro_batch_size=1)
-        grads = [p.main_grad if getattr(p, "main_grad", None) is not None else p.grad
-                 for c in chunks for p in c.parameters()]
-        got = _reduced([float(sum(1 for g in grads if g is not None and g.abs().sum() > 0)), float(len(grads))],
-                       device, dist.ReduceOp.SUM)
-        finite = _reduced([float(all(torch.isfinite(g).all() for g in grads if g is not None))], device,
-                          dist.ReduceOp.MIN)
-        loss = _reduced([sum(x.item() for x in losses) / len(losses) if losses else -1.0], device)
-        result.update(train_loss=loss[0], params_with_grad=int(got[0]), params_total=int(got[1]),
-                      grads_finite=bool(finite[0]))
+        result.update(backward(a, chunks, tf, bridge, info, tokens, ref, device))
     result["seconds"] = round(time.time() - t0, 2)
     return result
+
+
+def backward(a, chunks, tf, bridge, info, tokens, ref, device) -> dict:
+    """A training forward+backward through Megatron's schedules with Megatron's DDP and its
+    ``finalize_model_grads`` (as verl's engine trains: data-parallel and TP-replicated gradients reduced),
+    then every parameter's gradient brought to HF names by the weight exporter (the same gathers as a
+    weight sync) and compared on rank 0 with the HF model's gradient of the same loss (``ref["grads"]``)."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import finalize_model_grads
+
+    from mcore_dapo.resharding import WeightExporter
+    from mcore_dapo.runtime.forward import run_schedule
+
+    ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
+    chunks = [DistributedDataParallel(config=tf, ddp_config=ddp, module=c) for c in chunks]
+    tf.finalize_model_grads_func = finalize_model_grads
+    for c in chunks:
+        c.train()
+        c.zero_grad_buffer()
+    losses = run_schedule(chunks, tokens, labels=ref["labels"], forward_only=False, micro_batch_size=1)
+    loss = _reduced([sum(x.item() for x in losses) / len(losses) if losses else -1.0], device)[0]
+    out = {"train_loss": loss, "reference_loss": ref["loss"]}
+    if ref.get("padded_vocab") not in (None, bridge.dims.padded_vocab_size):
+        raise ValueError(f"the reference's loss is over {ref['padded_vocab']} logits, the model pads to "
+                         f"{bridge.dims.padded_vocab_size}")
+    exporter = WeightExporter(chunks, bridge, info, tensors=lambda p: p.main_grad)
+    worst, compared, missing, finite = (0.0, ""), 0, [], True
+    for name, grad in exporter.iter_weights():
+        want = ref["grads"].get(name)
+        if want is None:
+            missing.append(name)
+            continue
+        grad = grad.float().cpu()
+        finite = finite and bool(torch.isfinite(grad).all())
+        # relative to the tensor's largest reference gradient: one bound for tensors of any scale
+        err = float((grad - want).abs().max() / want.abs().max().clamp_min(1e-30))
+        compared += 1
+        if err >= worst[0]:
+            worst = (err, name)
+    out.update(grads_compared=compared, grads_reference=len(ref["grads"]), grads_not_in_reference=missing,
+               grad_max_rel_err=worst[0], grad_worst=worst[1], grads_finite=finite)
+    return out
 
 
 def main(argv=None) -> int:

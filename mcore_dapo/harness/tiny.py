@@ -92,6 +92,31 @@ def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
         return model(input_ids=tokens).logits.float()
 
 
+def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | None = None) -> tuple[float, dict]:
+    """The HF model's mean token cross-entropy of ``labels`` and the gradient of every parameter under the
+    hub's names (the fused in-memory experts split per expert), float32, eager attention, no auxiliary
+    loss (the engine trains with ``aux_loss_coeff=0``). ``padded_vocab``: the loss over that many logits,
+    the rows past the vocabulary at zero, as a Megatron output layer padded with zero rows computes it
+    (Megatron's cross-entropy does not mask padded rows). Run in a clean process."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.bridge.qwen3 import hub_slices
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
+    model.train()
+    logits = model(input_ids=tokens).logits.float()
+    if padded_vocab:
+        logits = torch.cat([logits, logits.new_zeros(*logits.shape[:-1], padded_vocab - logits.shape[-1])], -1)
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    loss.backward()
+    grads = {}
+    for name, p in model.named_parameters():
+        for hub, index in hub_slices(name, tuple(p.shape)).items():
+            grads[hub] = p.grad[index].detach().clone()
+    return float(loss.detach()), grads
+
+
 def main(argv=None) -> int:
     """``python -m mcore_dapo.harness.tiny reference HF_DIR OUT.pt``: HF logits in a clean process;
     ``... model DIR [--like CONFIG --layers N]``: a tiny model, or a truncated real-width one."""
@@ -109,6 +134,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--like", default=None, help="with 'model': the real width of this config, --layers layers")
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--padded-vocab", type=int, default=None,
+                    help="with 'reference': the training loss's gradients over this many logits (zero rows past the vocabulary)")
     a = ap.parse_args(argv)
     if a.what == "model":
         if a.like:
@@ -118,7 +145,11 @@ def main(argv=None) -> int:
         return 0
     vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
     tokens = tiny_prompts(vocab, a.batch, a.seq)
-    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens, a.dtype)}, a.out)
+    # the training loss of harness.logits --backward: next-token labels (the last position predicts the first)
+    labels = torch.roll(tokens, -1, dims=1)
+    loss, grads = hf_reference_grads(a.path, tokens, labels, a.padded_vocab)
+    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens, a.dtype), "labels": labels,
+                "loss": loss, "grads": grads, "padded_vocab": a.padded_vocab}, a.out)
     return 0
 
 

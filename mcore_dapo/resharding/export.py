@@ -134,12 +134,14 @@ class WeightExporter:
     buffer that the consumer owns; ``n`` > 0 reuses ``n`` buffers in turn, so a
     bucket's tensors stay valid only until ``n`` more buckets are requested (1 for
     a consumer that copies in ``load_weights``, 2 for a transport that loads one
-    bucket while the next is filled). The plan is built on the first sync and reused.
+    bucket while the next is filled); ``tensors``: what is exported of each parameter
+    (default: the parameter itself; ``lambda p: p.main_grad`` exports the gradients, under
+    the same HF names, through the same gathers). The plan is built on the first sync and reused.
     """
 
     def __init__(self, chunks, bridge: Bridge, info, *, groups: Groups | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype: torch.dtype | None = None,
-                 broadcast_pp: bool = True, output_ring: int = 0):
+                 broadcast_pp: bool = True, output_ring: int = 0, tensors=None):
         from mcore_dapo.runtime.model import local_params
 
         if not isinstance(bucket_bytes, int) or bucket_bytes < 1:
@@ -152,6 +154,8 @@ class WeightExporter:
         self.local: dict[str, torch.nn.Parameter] = {}
         for lp in local_params([unwrap(c) for c in chunks], bridge, info):
             self.local.setdefault(lp.resolved.megatron, lp.param)  # a tied output copy is not exported twice
+        if tensors is not None:
+            self.local = {name: tensors(p) for name, p in self.local.items()}
         self.device = next(iter(self.local.values())).device
         self._plan: ExportPlan | None = None
         self.last_stats: SyncStats | None = None

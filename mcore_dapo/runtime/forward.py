@@ -49,8 +49,9 @@ def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = 
         def loss_func(output_tensor):
             if "labels" in mb:
                 loss = output_tensor.float().mean()
-                outputs.append(loss.detach())
-                return loss, {"loss": loss.detach()}
+                # a copy: Megatron's schedule divides the returned loss by the number of micro-batches in place
+                outputs.append(loss.detach().clone())
+                return loss, {"loss": loss.detach().clone()}
             outputs.append(_gather_vocab(output_tensor.detach()))
             return output_tensor.float().sum() * 0.0, {}
 
