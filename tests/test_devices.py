@@ -140,6 +140,27 @@ def test_cpu_adapter_answers_what_callers_would_branch_on():
     cpu.mark_model_parallel_initialised()  # every adapter has the hook
 
 
+CUDA_THD = ("actor_rollout_ref.model.use_remove_padding=True packs sequences (THD), which Megatron's attention runs "
+            "only with Transformer Engine, and transformer_engine does not import here: accepted on CUDA without "
+            "Transformer Engine is actor_rollout_ref.model.use_remove_padding=False (or install Transformer Engine)")
+
+
+def test_cuda_refuses_packed_sequences_where_transformer_engine_does_not_import():
+    from mcore_dapo.devices.cuda import te_available
+
+    cuda = get_adapter("cuda")
+    assert cuda.packed_sequences_need_installed_software  # a dry run elsewhere cannot answer it
+    assert not get_adapter("cpu").packed_sequences_need_installed_software
+    if te_available():  # a CUDA machine with Transformer Engine: THD runs
+        assert cuda.packed_sequences_supported()
+        cuda.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        return
+    assert not cuda.packed_sequences_supported()
+    with pytest.raises(UserError) as e:
+        cuda.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+    assert str(e.value) == CUDA_THD
+
+
 def test_cuda_and_npu_adapters_answer_here_without_a_device():
     from megatron.core.transformer.enums import AttnBackend
 
@@ -147,8 +168,8 @@ def test_cuda_and_npu_adapters_answer_here_without_a_device():
     for a in (cuda, npu):
         assert a.has_device_memory()
         assert a.attention_backend(AttnBackend.flash) is AttnBackend.flash
-        a.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
         a.check_context_parallel(4)
+    npu.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
     assert npu.memory_allocated() is None  # no torch.npu without torch_npu
     assert not cuda.takes_feature_flags() and cuda.feature_flags({"use_flash_attn": False}, 2) == {}
     assert npu.takes_feature_flags()

@@ -56,6 +56,10 @@ def test_dry_run_valid(script, want, logger, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])
     assert {k: got[k] for k in want} == want
+    from mcore_dapo.devices.cuda import te_available
+
+    # the H100 script packs sequences: a launch from a machine without Transformer Engine would be refused
+    assert ("refused_here" in got) == (got["device"] == "cuda" and not te_available())
     # the settings the scripts add to verl's defaults, as verl's composed config holds them
     c = OmegaConf.load(out)
     assert list(c.trainer.logger) == logger  # the guide's per device; verl's default adds wandb
@@ -178,6 +182,7 @@ def test_packing_and_attention_backend_are_the_devices_answers():
     from omegaconf import OmegaConf
 
     from mcore_dapo.devices import get_adapter
+    from mcore_dapo.devices.cuda import te_available
     from mcore_dapo.verl_plugin.config_checks import check_packing
     from mcore_dapo.verl_plugin.engine import _attention_backend
 
@@ -185,11 +190,54 @@ def test_packing_and_attention_backend_are_the_devices_answers():
         return OmegaConf.create({"trainer": {"device": device},
                                  "actor_rollout_ref": {"model": {"use_remove_padding": True}}})
 
-    check_packing(conf("cuda"))
-    with pytest.raises(UserError, match="set actor_rollout_ref.model.use_remove_padding=False on the CPU"):
-        check_packing(conf("cpu"))
+    check_packing(conf("cuda"), here=False)  # a dry run: Transformer Engine is the launching machine's question
+    if not te_available():
+        with pytest.raises(UserError, match="accepted on CUDA without Transformer Engine is "
+                                            "actor_rollout_ref.model.use_remove_padding=False"):
+            check_packing(conf("cuda"))
+    for here in (True, False):  # the CPU refuses THD on any machine
+        with pytest.raises(UserError, match="set actor_rollout_ref.model.use_remove_padding=False on the CPU"):
+            check_packing(conf("cpu"), here=here)
     assert _attention_backend({"attention_backend": "flash"}, get_adapter("cpu")) == {"attention_backend": AttnBackend.local}
     assert _attention_backend({"attention_backend": "flash"}, get_adapter("cuda")) == {"attention_backend": AttnBackend.flash}
     assert _attention_backend({}, get_adapter("cpu")) == {}
     with pytest.raises(UserError, match="attention_backend='flashy' is not one of"):
         _attention_backend({"attention_backend": "flashy"}, get_adapter("cuda"))
+
+
+def test_launch_on_cuda_without_transformer_engine_refuses_packing_before_ray(monkeypatch, capsys):
+    """main_dapo's pre-flight: trainer.device=cuda with packed sequences where transformer_engine does not
+    import is refused in one line, and verl's main_ppo (which starts Ray) is never called."""
+    from mcore_dapo.devices.cuda import te_available
+    from mcore_dapo.verl_plugin import main_dapo
+    from verl.trainer import main_ppo
+
+    if te_available():
+        pytest.skip("transformer_engine imports here: packed sequences run on CUDA")
+
+    def ray_would_start():
+        raise AssertionError("main_ppo.main ran: Ray would start")
+
+    monkeypatch.setattr(main_ppo, "main", ray_would_start)
+    monkeypatch.setenv("MCORE_DAPO_MODEL_CONFIG", str(ROOT / "configs" / "models" / "qwen3-30b-a3b"))
+    monkeypatch.delenv("DRY_RUN", raising=False)
+    argv = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.path=absent",
+            "algorithm.adv_estimator=grpo",
+            "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            "trainer.device=cuda", "actor_rollout_ref.model.use_remove_padding=True"]
+    assert main_dapo.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: actor_rollout_ref.model.use_remove_padding=True packs sequences (THD), which Megatron's "
+                   "attention runs only with Transformer Engine, and transformer_engine does not import here: "
+                   "accepted on CUDA without Transformer Engine is actor_rollout_ref.model.use_remove_padding=False "
+                   "(or install Transformer Engine)"]
+    # a dry run checks the config, names what this machine would refuse, and exits 0
+    monkeypatch.setenv("DRY_RUN", "1")
+    assert main_dapo.main(argv) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["device"] == "cuda" and got["refused_here"] == err[0][len("error: "):]
+    # and a launch with use_remove_padding=False gets past the check to main_ppo
+    monkeypatch.delenv("DRY_RUN")
+    with pytest.raises(AssertionError, match="Ray would start"):
+        main_dapo.main([*argv[:-1], "actor_rollout_ref.model.use_remove_padding=False"])

@@ -124,9 +124,18 @@ class DeviceAdapter(ABC):
         """The Megatron ``AttnBackend`` that runs when ``requested`` is asked for."""
         return requested
 
+    # True where packed_sequences_supported() depends on what this machine has installed (CUDA: Transformer
+    # Engine), so that a config check on another machine (a dry run) cannot answer it
+    packed_sequences_need_installed_software = False
+
     def packed_sequences_supported(self) -> bool:
-        """Whether the attention this device builds runs packed (THD) sequences."""
+        """Whether the attention this device builds here runs packed (THD) sequences."""
         return True
+
+    def packed_sequences_refusal(self, setting: str) -> str:
+        """The one line refusing ``setting``=True where packed sequences do not run."""
+        return (f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
+                f"Engine cannot run: set {setting}=False on the {self.name.upper()}")
 
     def check_packed_sequences(self, setting: str) -> None:
         """Raise a one-line UserError when this device cannot run packed (THD) sequences, which
@@ -134,8 +143,7 @@ class DeviceAdapter(ABC):
         if not self.packed_sequences_supported():
             from mcore_dapo.errors import UserError
 
-            raise UserError(f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
-                            f"Engine cannot run: set {setting}=False on the {self.name.upper()}")
+            raise UserError(self.packed_sequences_refusal(setting))
 
     def check_context_parallel(self, cp: int) -> None:
         """Raise a one-line UserError when this device cannot run context parallelism of size ``cp``."""

@@ -45,6 +45,17 @@ class CudaAdapter(DeviceAdapter):
     def use_te(self) -> bool:
         return te_available()
 
+    # Megatron's local DotProductAttention refuses packed_seq_params; THD needs TEDotProductAttention
+    packed_sequences_need_installed_software = True
+
+    def packed_sequences_supported(self) -> bool:
+        return self.use_te()
+
+    def packed_sequences_refusal(self, setting: str) -> str:
+        return (f"{setting}=True packs sequences (THD), which Megatron's attention runs only with Transformer "
+                f"Engine, and transformer_engine does not import here: accepted on CUDA without Transformer "
+                f"Engine is {setting}=False (or install Transformer Engine)")
+
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         from mcore_dapo.megatron_compat import decoder_block_spec
 

@@ -73,15 +73,23 @@ def check_batches(c, dp: int, world: int) -> None:
         raise UserError(f"rollout tensor_model_parallel_size={tp} must divide the devices per node and the world size {world}")
 
 
-def check_packing(c) -> None:
-    """Packed sequences only on a trainer device that runs them."""
+def check_packing(c, here: bool = True) -> None:
+    """Packed sequences only on a trainer device that runs them. ``here``: also the refusals that depend on
+    what this machine has installed (CUDA without Transformer Engine), which main_dapo checks before Ray
+    starts on a launch (verl's workers run the launching machine's stack); a dry run (``here=False``) may
+    run elsewhere and checks only the device's own refusal (the CPU's)."""
     device = c.trainer.get("device")
-    if device and c.actor_rollout_ref.model.get("use_remove_padding", False):
-        get_adapter(str(device)).check_packed_sequences(PACKING)
+    if not device or not c.actor_rollout_ref.model.get("use_remove_padding", False):
+        return
+    adapter = get_adapter(str(device))
+    if here or not adapter.packed_sequences_need_installed_software:
+        adapter.check_packed_sequences(PACKING)
 
 
-def validate(c, model_dir=None) -> dict:
-    """Check a composed verl config for the Megatron path; return the resolved parallel sizes."""
+def validate(c, model_dir=None, here: bool = True) -> dict:
+    """Check a composed verl config for the Megatron path; return the resolved parallel sizes.
+    ``here=False`` (a dry run): what this machine's software would refuse on a launch is returned as
+    ``refused_here`` instead of raised."""
     import verl
 
     check_verl_version(verl.__version__)
@@ -97,11 +105,17 @@ def validate(c, model_dir=None) -> dict:
     check_layouts(cfg, layout, ref_layout, world)
     dp = layout.dp(world)
     check_batches(c, dp, world)
-    check_packing(c)
+    check_packing(c, here)
     replay = check_router_replay(c, cfg)
-    return {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
-            "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
-            "device": str(c.trainer.get("device") or ""), "router_replay": replay}
+    sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
+             "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
+             "device": str(c.trainer.get("device") or ""), "router_replay": replay}
+    if not here:
+        try:
+            check_packing(c, here=True)
+        except UserError as e:
+            sizes["refused_here"] = str(e)
+    return sizes
 
 
 def check_router_replay(c, cfg) -> str:

@@ -4,7 +4,9 @@ The overrides are rewritten (``actor_rollout_ref.actor.strategy=megatron`` impli
 ``model_engine=megatron``), composed with verl's own Hydra config and checked by
 :func:`mcore_dapo.verl_plugin.config_checks.validate`; then verl's ``main_ppo.main`` runs
 with the rewritten overrides. ``DRY_RUN=1`` stops after the checks and prints the
-resolved Megatron parallel sizes as one JSON line (no Ray, no device).
+resolved Megatron parallel sizes as one JSON line (no Ray, no device); what this
+machine's software would refuse on a launch (``refused_here``: packed sequences on
+CUDA without Transformer Engine) is in that line, and a launch refuses it before Ray starts.
 ``MCORE_DAPO_MODEL_CONFIG``: a folder with the model's config.json, used by the
 checks when ``actor_rollout_ref.model.path`` is not on this machine (dry runs).
 ``MCORE_DAPO_CONFIG_OUT=FILE`` with ``DRY_RUN=1``: also write the composed config (YAML,
@@ -42,8 +44,9 @@ def verl_validate(c) -> None:
         raise UserError(f"verl rejects the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
-def dry_run(overrides: list[str]):
-    """Compose and check; return the resolved parallel sizes and the composed config."""
+def dry_run(overrides: list[str], here: bool = False):
+    """Compose and check; return the resolved parallel sizes and the composed config. ``here``: a launch
+    from this machine, which must also have the software the config needs (checked before Ray starts)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
@@ -54,7 +57,7 @@ def dry_run(overrides: list[str]):
         c = compose(rewrite(overrides))
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"verl config does not compose: {str(e).splitlines()[0]}") from None
-    sizes = validate(c, os.environ.get("MCORE_DAPO_MODEL_CONFIG"))
+    sizes = validate(c, os.environ.get("MCORE_DAPO_MODEL_CONFIG"), here=here)
     verl_validate(c)
     return sizes, c
 
@@ -83,8 +86,9 @@ def main(argv=None) -> int:
         from mcore_dapo.verl_plugin.config_checks import check_verl_version
 
         check_verl_version(getattr(verl, "__version__", "0"))  # before composing: older verl configs differ
-        sizes, composed = dry_run(overrides)
-        if os.environ.get("DRY_RUN", "0") not in ("", "0"):
+        dry = os.environ.get("DRY_RUN", "0") not in ("", "0")
+        sizes, composed = dry_run(overrides, here=not dry)
+        if dry:
             if os.environ.get("MCORE_DAPO_CONFIG_OUT"):
                 from omegaconf import OmegaConf
 
