@@ -1,5 +1,18 @@
-"""A DAPO policy update with verl's own algorithm functions on Megatron (EP2, 2 processes, gloo),
-against the same update of the HF transformers model in one process; then the rollout sync."""
+"""verl's own DAPO algorithm functions on Megatron logits (EP2, 2 processes, gloo, float32): the dapo reward
+manager's rewards with the overlong penalty, GRPO advantages and verl's ``vanilla`` policy loss (clip
+low/high, clip_ratio_c, token-mean over the global batch) give, on the bridge's sharded model, the loss the
+same functions give on the HF transformers model in one process.
+
+What this covers that nothing else does: verl's loss functions evaluated on Megatron's log-probs in
+float32, to a tight bound (the engine tests run verl's whole update path in bf16, so their loss bound is
+bf16's). Gradients are not checked here: their reduction is Megatron's DDP and optimizer, which
+tests/test_megatron_vs_hf.py (every gradient against HF's) and tests/test_verl_engine.py (verl's
+engine, its DDP and optimizer) check; the worker's own hand reduction (for the demo) is not the product's.
+"""
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -10,11 +23,7 @@ from mcore_dapo.runtime.launch import torchrun  # noqa: E402
 pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
 
 
-def test_dapo_update_matches_single_process_reference(tmp_path):
-    import subprocess
-    import sys
-    import json
-
+def test_verl_dapo_loss_on_megatron_equals_hf_in_fp32(tmp_path):
     from mcore_dapo.harness.tiny import make_tiny_model
 
     hf = make_tiny_model(tmp_path / "tiny")
@@ -29,8 +38,7 @@ def test_dapo_update_matches_single_process_reference(tmp_path):
     assert got["layout"] == "TP1 PP1 EP2 ETP1" and got["world_size"] == 2
     assert min(got["rewards"]) < -1.0  # the overlong penalty of the dapo reward manager acted
     assert got["metrics"]["actor/pg_clipfrac"] > 0  # the clip range acted
+    # float32 on both sides; the log-probs agree to ~1e-6 (tests/test_megatron_vs_hf.py's logits bound), and
+    # the loss is a token-mean of ratios of them: 1e-4 relative is fp32 rounding with two orders to spare,
+    # while a wrong token-mean (per-rank instead of global tokens, the DP split) moves it by ~10 %
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4, abs=1e-6)
-    assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4)
-    # the rollout received the updated weights: equal to the reference update, far below the update itself
-    assert want["max_update"] > 1e-4
-    assert want["max_weight_diff"] < 1e-4

@@ -1,7 +1,7 @@
 """Recompute the steps written by the engine's audit (:mod:`mcore_dapo.verl_plugin.audit`) on an HF model.
 
 ``python -m mcore_dapo.harness.audit_reference D [--dtype bfloat16]`` prints, for every ``D/step-N/``, the engine's
-gradient norm and that of the same update computed in one process on the HF transformers model
+loss and gradient norm and those of the same update computed in one process on the HF transformers model
 loaded from the weights the engine wrote before that step. When the batch carries routed experts
 (router replay R2/R3), the reference's routers are forced to them (:class:`ForcedRoutes`): the
 same routing, with the gate weights computed from the reference's own router logits, as Megatron's
@@ -57,7 +57,8 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
     return torch.nn.utils.rnn.pad_sequence([p.float() for p in pieces], batch_first=True)
 
 
-def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32) -> dict:
+def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
+                   grads: dict | None = None) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). ``dtype``:
@@ -69,6 +70,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
 
     parts = [torch.load(f, weights_only=False) for f in sorted(folder.glob("rank*.pt"))]
     engine_norm = next(p["grad_norm"] for p in parts if p["grad_norm"] is not None)
+    engine_loss = next((p["loss"] for p in parts if p.get("loss") is not None), None)  # a last pipeline stage's
     engine_routers = {}  # layer number -> norm (each pipeline stage has its own layers; TP/DP copies agree)
     for p in parts:
         engine_routers.update(p.get("router_grad_norms", {}))
@@ -94,9 +96,11 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
                                             loss_agg_mode="token-mean", config=cfg)
     loss.backward()
+    if grads is not None:  # the reference's gradients, by the HF model's parameter names
+        grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
     norm = float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
     routers = [float(g.weight.grad.float().norm()) for g in forced.gates]  # MoE layers in order, as the engine
-    return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm,
+    return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm, "engine_loss": engine_loss,
             "engine_router_grad_norms": _by_layer(engine_routers), "reference_router_grad_norms": routers,
             "reference_loss": float(loss), "sequences": len(seqs), "tokens": int(mask.sum()),
             "forced_routes": None if routes is None else [list(r.shape) for r in routes]}
@@ -107,8 +111,78 @@ def _by_layer(norms: dict) -> list[float]:
     return [norms[k] for k in sorted(norms)]
 
 
+class ReferenceAdam:
+    """Megatron's optimizer step on the reference side, chained over the audited steps: fp32 main weights
+    (at the first step the engine's bf16 weights, as Megatron's mixed-precision optimizer starts from its
+    model's parameters), the global-norm clip, decoupled Adam (torch's AdamW, as Megatron's Adam) with
+    Megatron's default weight-decay groups (none for 1-D parameters), the engine's settings and each step's
+    learning rate (``rank*.pt``: ``optimizer``, ``lr``), fed with the reference's own gradients."""
+
+    def __init__(self, model, settings: dict):
+        self.main = {n: p.detach().float().clone().requires_grad_(True) for n, p in model.named_parameters()}
+        decay = [t for t in self.main.values() if t.dim() >= 2]
+        flat = [t for t in self.main.values() if t.dim() < 2]
+        self.clip = settings["clip_grad"]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings["weight_decay"]},
+                                      {"params": flat, "weight_decay": 0.0}], lr=0.0,
+                                     betas=(settings["adam_beta1"], settings["adam_beta2"]), eps=settings["adam_eps"])
+
+    def step(self, grads: dict, lr: float) -> None:
+        for n, t in self.main.items():
+            t.grad = grads[n].clone() if n in grads else torch.zeros_like(t)
+        torch.nn.utils.clip_grad_norm_(list(self.main.values()), self.clip)  # Megatron's: coeff max/(norm+1e-6)
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+        self.opt.step()
+
+
+def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
+    """The engine's weights after the update (``hf-after``, the engine's dtype) against the reference's
+    main weights after the same step: the share of elements more than one step of the engine dtype's
+    spacing away (rounding to it alone is half a step), the largest difference, and the share of the
+    engine's weights the update moved (``hf`` against ``hf-after``)."""
+    from mcore_dapo.bridge.qwen3 import hub_slices
+    from mcore_dapo.io.hf_reader import HFReader
+
+    beyond = moved = total = 0
+    worst = 0.0
+    with HFReader(folder / "hf-after") as after, HFReader(folder / "hf") as pre:
+        for name, main in adam.main.items():
+            for hub, index in hub_slices(name, tuple(main.shape)).items():
+                got, ref, start = after.get(hub), main.detach()[index], pre.get(hub)
+                _, exp = torch.frexp(ref)
+                # the engine dtype's spacing at |ref| (in [2^(exp-1), 2^exp): 2^(exp-1) * eps)
+                step = torch.ldexp(torch.full_like(ref, torch.finfo(got.dtype).eps), exp - 1)
+                far = (got.float() - ref).abs() > step
+                beyond += int(far.sum())
+                moved += int((got != start.to(got.dtype)).sum())
+                total += got.numel()
+                worst = max(worst, float((got.float() - ref).abs().max()))
+    return {"weights_beyond_one_step": beyond / total, "weights_moved": moved / total,
+            "weights_max_abs_diff": worst, "weights_compared": total}
+
+
 def reference(root: str | Path, dtype: torch.dtype = torch.float32) -> list[dict]:
-    return [reference_step(f, dtype=dtype) for f in sorted(Path(root).glob("step-*")) if any(f.glob("rank*.pt"))]
+    """Every audited step recomputed, and the optimizer step chained over them (:class:`ReferenceAdam`):
+    the weights each update left compared with the reference's (:func:`weights_after`)."""
+    from transformers import AutoModelForCausalLM
+
+    out, adam = [], None
+    for f in sorted(Path(root).glob("step-*")):
+        if not any(f.glob("rank*.pt")):
+            continue
+        grads: dict = {}
+        r = reference_step(f, dtype=dtype, grads=grads)
+        if (f / "hf-after").is_dir():
+            part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
+            if adam is None:
+                model = AutoModelForCausalLM.from_pretrained(str(f / "hf"), dtype=torch.float32)
+                adam = ReferenceAdam(model, part["optimizer"])
+                del model
+            adam.step(grads, part["lr"])
+            r.update(lr=part["lr"], **weights_after(f, adam))
+        out.append(r)
+    return out
 
 
 def main(argv=None) -> int:

@@ -4,8 +4,9 @@ With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, every
 ``McoreDapoEngine.train_batch`` first writes the weights it is about to update (HF format, through
 :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, and the routed experts the update replays under router
-replay R2/R3) to ``D/step-N/``, then the gradient norm verl's optimizer reports and each MoE
-router's gradient norm before the optimizer step.
+replay R2/R3) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
+router's gradient norm before the optimizer step, Megatron's Adam settings, and the weights after the
+update (``D/step-N/hf-after``).
 :func:`mcore_dapo.harness.audit_reference.reference` recomputes each step on the HF model loaded from those
 weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; with routes in
 the batch, its routers forced to them) and returns
@@ -53,11 +54,13 @@ def audited_train_batch(engine, train_batch, data, loss_function):
                 shutil.copy(src, folder / "hf" / name)
     batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES) if k in data.keys()}
     routers: dict[int, float] = {}
+    lrs: list[float] = []
     optimizer = engine.optimizer
     step_fn, own = optimizer.step, "step" in vars(optimizer)
 
     def step_after_reading_router_grads(*args, **kwargs):
         routers.update(router_grad_norms(engine.module))  # reduced, not yet clipped
+        lrs.append(float(optimizer.param_groups[0]["lr"]))  # what this step applies (the scheduler moves after it)
         return step_fn(*args, **kwargs)
 
     optimizer.step = step_after_reading_router_grads
@@ -68,10 +71,42 @@ def audited_train_batch(engine, train_batch, data, loss_function):
             optimizer.step = step_fn
         else:
             del optimizer.step  # the class's own again
-    grad_norm = out["metrics"].get("grad_norm") if out is not None and "metrics" in out else None
+    metrics = out["metrics"] if out is not None and "metrics" in out else {}
+    grad_norm = metrics.get("grad_norm")
+    engine.bridge.save_weights(engine.module, folder / "hf-after")  # the weights the update left
     torch.save({"batch": batch, "grad_norm": None if grad_norm is None else float(grad_norm),
-                "router_grad_norms": routers}, folder / f"rank{rank:03d}.pt")
+                "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None,
+                "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers},
+               folder / f"rank{rank:03d}.pt")
     return out
+
+
+def optimizer_settings(optimizer) -> dict:
+    """The Adam settings of Megatron's optimizer (``OptimizerConfig``; a chained optimizer's first: verl builds
+    the dense and expert parts with one config)."""
+    cfg = getattr(optimizer, "config", None)
+    if cfg is None and getattr(optimizer, "chained_optimizers", None):
+        cfg = optimizer.chained_optimizers[0].config
+    return {k: float(getattr(cfg, k)) for k in ("adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "clip_grad")}
+
+
+def _update_loss(engine, out) -> float | None:
+    """The update's loss as verl's worker reports it (``engine_workers._postprocess_output``: the sum of
+    this rank's micro-batch losses, averaged over the data-parallel group), on the last pipeline stage
+    (``None`` elsewhere, where no loss is computed)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from mcore_dapo.devices import get_adapter
+
+    raw = out.get("loss") if out is not None else None
+    value = float(sum(raw) if isinstance(raw, (list, tuple)) else (raw or 0.0))
+    group = engine.get_data_parallel_group()
+    if group is not None:  # on the compute device: nccl and hccl reduce device tensors only
+        t = torch.tensor([value], dtype=torch.float64, device=get_adapter().local_device())
+        dist.all_reduce(t, group=group)
+        value = float(t) / dist.get_world_size(group)
+    return value if ps.is_pipeline_last_stage(ignore_virtual=True) else None
 
 
 def router_grad_norms(chunks) -> dict[int, float]:
