@@ -27,6 +27,7 @@ BOTH_STACKS = (
     "tests/test_mapping.py",
     "tests/test_layout.py",
     "tests/test_patches.py",
+    "tests/test_distributed_optimizer.py",
     "tests/test_devices.py",
     "tests/test_versions.py",
     "tests/test_verl_plugin.py",
