@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_argparse_errors(args, message):
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 
 
-def test_user_error_is_one_line():
+def test_user_error_is_one_line(capsys):
     from mcore_dapo.cli import user_errors
     from mcore_dapo.errors import UserError
 
@@ -59,3 +60,12 @@ def test_user_error_is_one_line():
         raise UserError("tp=8 does not divide the 4 KV groups")
 
     assert f() == 2
+    got = capsys.readouterr()
+    assert got.err == "error: tp=8 does not divide the 4 KV groups\n" and got.out == ""
+    # the real command line, with a value the library (not argparse) refuses
+    model = Path(__file__).resolve().parents[1] / "configs" / "models" / "qwen3-30b-a3b"
+    out = cli("plan", "--model", str(model), "--nodes", "1", "--devices-per-node", "8",
+              "--device", "tpu9")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == ["error: device='tpu9' is not known: accepted are h100, h200, a100, a2 "
+                                       "(aliases: 910b, ascend910b, h100-sxm, h200-sxm)"], out.stderr
