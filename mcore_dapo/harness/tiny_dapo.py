@@ -43,16 +43,20 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     return {"score": 1.0 if ok else -1.0, "acc": float(ok)}
 
 
-def chatml_tokenizer():
+def chatml_tokenizer(words=None):
     """A word-level tokenizer over the tiny vocabulary, ``t0`` .. ``t252`` plus the ChatML pieces verl's
-    Qwen handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn)."""
+    Qwen handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn). ``words``: another
+    253 words for ids 0 .. 252 (the ChatML ids stay); then words split at whitespace only, so that a
+    word may hold punctuation (``Answer:``), and an unknown word reads as the first one."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(WORDS)}
+    if words is not None and len(set(words)) != WORDS:
+        raise ValueError(f"chatml_tokenizer needs {WORDS} distinct words, got {len(set(words))}")
+    vocab = {w: i for i, w in enumerate(words)} if words is not None else {f"t{i}": i for i in range(WORDS)}
     vocab.update({"\n": NEWLINE, "<|im_end|>": IM_END, "<|endoftext|>": PAD})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0] if words is not None else "t0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace() if words is None else pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True),
                             AddedToken("\n", special=False, normalized=False)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
