@@ -33,7 +33,8 @@ def test_engine_holds_the_trained_weights_bit_for_bit(run):
     for r in run["layouts"]:
         assert r["engine_vs_export"]["exact"], r
         assert r["trained_changed"] > 0.5, r  # the step moved the weights (experts that got no token keep theirs)
-        assert r["global_steps"] is not None
+    # verl's ServerAdapter.update_weights(global_steps=step) handed each layout's step number to the server
+    assert [r["global_steps"] for r in run["layouts"]] == [1, 2, 3]
 
 
 def test_vllm_logprobs_equal_hf_on_the_checkpoint_it_loaded(run):
