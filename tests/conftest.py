@@ -1,9 +1,11 @@
 """Shared fixtures: tiny generated models and their HF reference logits (computed in a clean process).
 
-Tests say where they run: those marked ``cpu_only`` need this project's CPU path (several ranks of
-real Megatron on one host under gloo, the CPU patches of Megatron, verl's ``cpu`` platform); on a
-CUDA or Ascend node they are skipped with the detected device named, and the rest of the suite runs
-there unchanged (the accelerator's own checks are ``mcore-dapo`` commands with ``--device``).
+Tests say where they run: those marked ``cpu_only`` need this project's CPU path (the CPU patches of
+Megatron, verl's ``cpu`` platform); on a CUDA or Ascend node they are skipped with the detected device
+named. Those marked ``ranks(n)`` start n torchrun ranks that go through the device adapter alone (the
+host's device, its backend and layer spec): they run on an accelerator host with n devices visible
+(one a rank) and are skipped with the count named where fewer are. The rest of the suite runs there
+unchanged; the accelerator's whole check is ``mcore-dapo selfcheck --device``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ BOTH_STACKS = (
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_only: needs the CPU device path (gloo ranks on one host, the CPU "
                             "patches of Megatron, verl's cpu platform)")
+    config.addinivalue_line("markers", "ranks(n): n torchrun ranks through the device adapter alone (no CPU "
+                            "patch): on an accelerator host, one device a rank, skipped where fewer are visible")
     config.addinivalue_line("markers", "both_stacks: in the Ascend stack's selection too (BOTH_STACKS)")
     config.addinivalue_line("markers", "ascend_stack: runs in the Ascend stack's selection only (make test "
                             "STACK=ascend)")
@@ -66,10 +70,16 @@ def pytest_collection_modifyitems(config, items):
     device = detect()
     if device == "cpu":
         return
+    from mcore_dapo.devices import get_adapter
+
     skip = pytest.mark.skip(reason=f"cpu_only: this host's device is {device}")
+    visible = get_adapter(device).device_count() or 0
     for item in items:
         if "cpu_only" in item.keywords:
             item.add_marker(skip)
+        elif (m := item.get_closest_marker("ranks")) is not None and m.args[0] > visible:
+            item.add_marker(pytest.mark.skip(reason=f"{m.args[0]} ranks need {m.args[0]} {device} devices, "
+                                                    f"{visible} visible"))
 
 
 def _reference(hf_dir: Path, out: Path) -> Path:

@@ -16,7 +16,8 @@ import pytest
 
 from mcore_dapo.runtime.launch import torchrun
 
-pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+# torchrun ranks of real Megatron through the device adapter alone (gloo on the CPU; on an accelerator host one
+# device a rank, its backend and layer spec): each case is marked with its number of ranks (tests/conftest.py)
 
 TOL = 1e-4
 # Gradients, float32: per tensor, max |g_megatron - g_hf| / max |g_hf|. Both sides compute the same
@@ -52,7 +53,8 @@ def _check(hf, ref, nproc, args):
 
 
 # both dispatchers for every layout but EP4 (alltoall only: allgather is covered by the others)
-CASES = [(n, a, d) for n, a in MOE_CASES for d in ("alltoall", "allgather") if (a, d) != (["--ep", "4"], "allgather")]
+CASES = [pytest.param(n, a, d, marks=pytest.mark.ranks(n))
+         for n, a in MOE_CASES for d in ("alltoall", "allgather") if (a, d) != (["--ep", "4"], "allgather")]
 
 
 @pytest.mark.parametrize("nproc,args,dispatcher", CASES,
@@ -61,6 +63,7 @@ def test_moe_layouts_match_hf(tiny_moe, tiny_moe_ref, nproc, args, dispatcher):
     _check(tiny_moe, tiny_moe_ref, nproc, [*args, "--dispatcher", dispatcher])
 
 
+@pytest.mark.ranks(2)
 def test_the_training_loss_is_the_same_in_every_layout(tiny_moe, tiny_moe_ref):
     a = _check(tiny_moe, tiny_moe_ref, 2, ["--ep", "2"])
     b = _check(tiny_moe, tiny_moe_ref, 2, ["--tp", "2"])
@@ -80,10 +83,12 @@ def tiny_moe_ref_padded(tiny_moe, tmp_path_factory):
     return out
 
 
+@pytest.mark.ranks(2)
 def test_padded_vocab_is_sliced_back(tiny_moe, tiny_moe_ref_padded):
     # the padding must not leak into the real logits, nor into the real rows' gradients
     _check(tiny_moe, tiny_moe_ref_padded, 2, ["--tp", "2", "--vocab-divisible-by", "96"])
 
 
+@pytest.mark.ranks(2)
 def test_dense_qwen3_tp2(tiny_dense, tiny_dense_ref):
     _check(tiny_dense, tiny_dense_ref, 2, ["--tp", "2"])
