@@ -1,4 +1,4 @@
-"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo."""
+"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data."""
 
 from __future__ import annotations
 
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     from mcore_dapo.cli.tiny_dapo import add_commands as tiny_dapo_commands
 
     tiny_dapo_commands(sub)
+    from mcore_dapo.cli.data import add_commands as data_commands
+
+    data_commands(sub)
     return ap
 
 
