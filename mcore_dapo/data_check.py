@@ -41,7 +41,7 @@ def routes_to_default_reward(data_source: str) -> bool:
     return data_source in DEFAULT_REWARD_SOURCES or data_source.startswith(DEFAULT_REWARD_PREFIXES)
 
 
-def read(path) -> "pyarrow.Table":  # noqa: F821
+def read(path):
     """The file as a pyarrow table; a one-line :class:`UserError` for a missing or unreadable file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
