@@ -77,12 +77,43 @@ def test_dry_run_valid(script, want, logger, tmp_path):
     (["trainer.nnodes=1", "trainer.n_gpus_per_node=4"], "world size 4 is not divisible by ETP*EP*PP = 8"),
     (["trainer.nnodes=3"], "ppo_mini_batch_size*rollout.n = 512 is not divisible by the data-parallel size 12"),
     (["trainer.device=cpu"], "set actor_rollout_ref.model.use_remove_padding=False on the CPU"),
+    # verl's keys outside override_transformer_config: honoured or refused, never ignored (model_settings)
+    (["+actor_rollout_ref.model.override_config.rope_theta=1000"],
+     "actor_rollout_ref.model.override_config.rope_theta is not honoured on the Megatron path: accepted are "
+     "attention_dropout, resid_pdrop, embd_pdrop"),
+    (["+actor_rollout_ref.model.override_config.resid_pdrop=0.1", "+actor_rollout_ref.model.override_config.embd_pdrop=0."],
+     "resid_pdrop and embd_pdrop differ"),
+    (["actor_rollout_ref.actor.megatron.sequence_parallel=False"],
+     "actor_rollout_ref.actor.megatron.sequence_parallel=False with tensor_model_parallel_size=2"),
+    (["+actor_rollout_ref.actor.megatron.override_mcore_model_config.share_embeddings=True"],
+     "override_mcore_model_config.share_embeddings is not honoured: accepted is moe_config.freeze_moe_router"),
 ])
 def test_dry_run_invalid(overrides, message):
     p = dry_run("dapo_qwen3_30b_h100.sh", *overrides)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert message in lines[-1] and lines[-1].startswith("error: ")
+
+
+def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze():
+    # the guide's FSDP script zeroes three HF dropouts; on the Megatron path they become TransformerConfig's
+    p = dry_run("dapo_qwen3_30b_h100.sh", "+actor_rollout_ref.model.override_config.attention_dropout=0.",
+                "+actor_rollout_ref.model.override_config.embd_pdrop=0.",
+                "+actor_rollout_ref.model.override_config.resid_pdrop=0.",
+                "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True")
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_model_settings_become_transformer_config_fields():
+    from mcore_dapo.verl_plugin import model_settings as ms
+
+    assert ms.dropout_fields({"attention_dropout": 0.1, "resid_pdrop": 0.2, "embd_pdrop": 0.2}) == \
+        {"attention_dropout": 0.1, "hidden_dropout": 0.2}
+    assert ms.recompute(True, {}) == "full" and ms.recompute(False, {}) == "none"
+    assert ms.recompute(True, {"recompute_granularity": "selective"}) == "none"  # the user's fields decide
+    assert ms.sequence_parallel(True, 1, True, "m") is False and ms.sequence_parallel(True, 2, True, "m") is True
+    assert ms.freeze_moe_router({"moe_config": {"freeze_moe_router": True}}, "m") is True
+    assert ms.freeze_moe_router(None, "m") is False
 
 
 def test_dry_run_router_replay_env():

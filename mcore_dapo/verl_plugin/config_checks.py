@@ -105,6 +105,9 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     check_layouts(cfg, layout, ref_layout, world)
     dp = layout.dp(world)
     check_batches(c, dp, world)
+    from mcore_dapo.verl_plugin import model_settings
+
+    model_settings.check(c, cfg)
     check_packing(c, here)
     replay = check_router_replay(c, cfg)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
