@@ -18,6 +18,7 @@ from mcore_dapo.patching.megatron_cpu import (  # noqa: F401
     router_gemm,
     schedule_token_counter,
     tied_embedding_sync,
+    torch_adam_state,
     torch_view,
     uneven_gather_scatter,
 )
