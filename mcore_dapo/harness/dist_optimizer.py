@@ -35,6 +35,9 @@ def parse_args(argv=None):
     ap.add_argument("--clip-grad", type=float, default=1.0)
     ap.add_argument("--dispatcher", default="alltoall")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--checkpoint", default=None,
+                    help="save the distributed optimizer's state here (torch_dist, verl's format) and load it into a "
+                         "fresh one")
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -143,6 +146,60 @@ def adam_state(opt, expert: set) -> dict:
     return counts
 
 
+def sharding_kwargs() -> dict:
+    """The distributed optimizer's checkpoint format verl 0.9.1's checkpoint manager asks for
+    (``_build_sharded_state_dict_metadata``): ``fully_sharded_model_space`` before megatron-core 0.14 (a
+    keyword there), ``dp_reshardable`` content metadata from 0.14 on."""
+    from mcore_dapo.versions import megatron_version
+
+    if megatron_version() < (0, 14, 0):
+        return {"sharding_type": "fully_sharded_model_space"}
+    return {"metadata": {"distrib_optim_sharding_type": "dp_reshardable", "singleton_local_shards": False,
+                         "chained_optim_avoid_prefix": True}}
+
+
+def optimizer_round_trip(a, bridge, adapter, info, chunks, opt, folder: str) -> dict:
+    """Save the distributed optimizer's sharded state with Megatron's dist_checkpointing in the format verl's
+    checkpoint manager asks for (:func:`sharding_kwargs`), load it into the optimizer of a freshly built model
+    (a resume: no step taken yet), and compare what was loaded with what was saved, bit for bit."""
+    import torch
+    from megatron.core import dist_checkpointing
+
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    kw = sharding_kwargs()
+    model_sd = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+    dist_checkpointing.save({"optimizer": opt.sharded_state_dict(model_sd, is_loading=False, **kw)}, folder)
+    fresh_chunks, fresh = build(a, bridge, adapter, info, True)
+    fresh_sd = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(fresh_chunks)}
+    loaded = dist_checkpointing.load({"optimizer": fresh.sharded_state_dict(fresh_sd, is_loading=True, **kw)}, folder)
+    fresh.load_state_dict(loaded["optimizer"])
+    saved_main, fresh_main = fp32_params(opt), fp32_params(fresh)
+    old_params = [p for c in chunks for p in c.parameters()]
+    new_params = [p for c in fresh_chunks for p in c.parameters()]
+    differ, compared = [], 0
+    for o, n in zip(optimizers(opt), optimizers(fresh)):
+        for og, ng in zip(o.optimizer.param_groups, n.optimizer.param_groups):
+            for op, np_ in zip(og["params"], ng["params"]):
+                ost, nst = o.optimizer.state[op], n.optimizer.state[np_]
+                for k in sorted(set(ost) | set(nst)):
+                    compared += 1
+                    if k not in ost or k not in nst or not torch.equal(ost[k], nst[k]):
+                        differ.append(k)
+    for op, np_ in zip(old_params, new_params):
+        if op in saved_main:
+            compared += 1
+            if not torch.equal(saved_main[op][0], fresh_main[np_][0]):
+                differ.append("main_param")
+    return {"compared": compared, "differ": sorted(set(differ)),
+            "state_keys": sorted({k for o in optimizers(fresh) for st in o.optimizer.state.values() for k in st})}
+
+
 def run(a) -> dict:
     import torch.distributed as dist
 
@@ -189,8 +246,13 @@ def run(a) -> dict:
                    if is_expert(p) and p in m for t in m[p][:1]}
     dstate, pstate = adam_state(dopt, expert_main), adam_state(popt, expert_main)
 
+    round_trip = None
+    if a.checkpoint:
+        round_trip = optimizer_round_trip(a, bridge, adapter, info, dchunks, dopt, a.checkpoint)
+
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {
+        "checkpoint_round_trip": round_trip,
         "rank": info.rank, "dp_rank": ps.get_data_parallel_rank(),
         "fp32_max_abs_diff": fp32_diff, "fp32_worst": worst, "fp32_compared": compared,
         "fp32_moved": moved, "fp32_numel": sum(t.numel() for t, _, _ in pmain.values()),
