@@ -1,22 +1,19 @@
-"""verl's DAPO trainer end to end on the CPU: the tiny Qwen3-MoE, the plugin's Megatron engine (EP2),
-the ``hf_cpu`` rollout, the ``dapo`` reward manager with the overlong penalty, dynamic sampling
-(``algorithm.filter_groups``), a few steps, verl's metrics log.
+"""verl's DAPO trainer end to end on the CPU, as the launch scripts run it: the overrides are those of
+``configs/dapo/common.sh`` (its ``DAPO_ARGS``, composed by bash as the scripts compose them) with only the
+keys of :func:`cpu_changes` changed (sizes, paths, device and process counts, the rollout's CPU-only
+settings, no packed sequences); on are the scripts' dynamic batch sizes, distributed optimizer, LR
+warm-up, full recompute, parameter and optimizer offload, validation, checkpoints with
+``resume_mode=auto``, dynamic sampling and verl's own ``math_dapo`` reward.
 
-``python -m mcore_dapo.harness.tiny_dapo --workdir W --steps 3``
+``python -m mcore_dapo.harness.tiny_dapo --workdir W --steps 4``
 
-prepares ``W`` (model + word-level tokenizer with a chat template, train/val parquet files, the
-reward function) and runs ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``: the same
-entry point and the same DAPO overrides as ``configs/dapo_qwen3_30b_*.sh``, with tiny sizes,
-``trainer.device=cpu`` and the rollout on the CPU. verl writes its metrics, one JSON line per
-step, to ``W/metrics.jsonl`` and its console log to ``W/train.log``; ``W/tiny_dapo.png`` plots
-reward, response length, throughput and the timing breakdown per step (``mcore-dapo metrics``
-reads the same log); the last line printed is a JSON summary.
-
-The task: a prompt of 8 tokens and a target parity; a response is correct when its first token
-has that parity (about half of a random policy's answers). Every fourth prompt accepts any
-answer: its groups are all correct, carry no signal, and dynamic sampling must drop them (as
-it drops the all-right / all-wrong groups that chance produces). Score +1 / -1, plus the dapo
-manager's overlong penalty.
+prepares ``W`` (:mod:`mcore_dapo.harness.math_task`: the tiny Qwen3-MoE taught the answer form, a
+word-level tokenizer with a chat template, train/val parquet files in the guide's schema) and runs
+``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``, the scripts' entry point. verl writes its
+metrics, one JSON line per step, to ``W/metrics.jsonl`` and its console log to ``W/train.log``;
+``W/tiny_dapo.png`` plots reward, response length, throughput and the timing breakdown per step
+(``mcore-dapo metrics`` reads the same log); the last line printed is a JSON summary. A run that does
+not finish in ``--timeout`` seconds is stopped with every process it started, and says why.
 """
 
 from __future__ import annotations
@@ -29,18 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-PROMPT_TOKENS, PROMPTS = 8, 64
 MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 6
 TRAIN_BSZ, N = 4, 4
 WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
-
-
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs) -> dict:
-    """+1 when the first response token has the target parity, else -1; ``acc`` for filter_groups."""
-    words = solution_str.split()
-    ok = ground_truth == "any" or (bool(words) and words[0].startswith("t") and words[0][1:].isdigit()
-                                   and int(words[0][1:]) % 2 == int(ground_truth))
-    return {"score": 1.0 if ok else -1.0, "acc": float(ok)}
 
 
 def chatml_tokenizer(words=None):
@@ -68,33 +56,6 @@ ROLLOUTS = ("hf_cpu", "vllm")
 VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
 
 
-def prepare(workdir: Path, rollout: str = "hf_cpu") -> dict:
-    import pandas as pd
-    import torch
-
-    from mcore_dapo.harness.tiny import make_tiny_model
-
-    import shutil
-
-    model = workdir / "tiny-qwen3-moe"
-    shutil.rmtree(model, ignore_errors=True)  # generated anew (seeded, under a second), never a stale copy
-    # no pad_token_id in the model's config: transformers would zero that embedding row and freeze it
-    # (padding_idx), Megatron trains every row; the policy samples <|endoftext|> like any token
-    extra = {"head_dim": VLLM_HEAD_DIM} if rollout == "vllm" else {}
-    make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None, **extra)
-    chatml_tokenizer().save_pretrained(model)
-    g = torch.Generator().manual_seed(11)
-    rows = []
-    for i in range(PROMPTS):
-        ids = torch.randint(1, WORDS, (PROMPT_TOKENS,), generator=g).tolist()
-        rows.append({"data_source": "tiny_parity", "prompt": [{"role": "user", "content": " ".join(f"t{x}" for x in ids)}],
-                     "ability": "parity", "reward_model": {"style": "rule", "ground_truth": "any" if i % 4 == 3 else str(i % 2)},
-                     "extra_info": {"index": i}})
-    pd.DataFrame(rows[:48]).to_parquet(workdir / "train.parquet")
-    pd.DataFrame(rows[48:]).to_parquet(workdir / "val.parquet")
-    return {"model": model, "train": workdir / "train.parquet", "val": workdir / "val.parquet"}
-
-
 REPLAY_MODES = {"off": "disabled", "R2": "R2", "R3": "R3"}
 
 
@@ -104,9 +65,9 @@ ROUTES_ON_CPU = ("hf_cpu",)
 
 
 def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None, rollout: str = "hf_cpu") -> list[str]:
-    """``--router-replay off|R2|R3``: verl's replay mode, and the rollout returning its routed experts
-    where it can (replayed under R3; the routing-agreement metric otherwise). ``rollout_dtype``: the
-    rollout's dtype."""
+    """What ``--router-replay`` and ``--rollout-dtype`` add to the scripts' settings: the rollout's dtype, and
+    the rollout returning its routed experts where it can without replaying them (R2, off: the
+    routing-agreement metric). The replay mode itself is the scripts' ``ROUTER_REPLAY`` (:func:`overrides`)."""
     from mcore_dapo.errors import UserError
 
     out = [f"actor_rollout_ref.rollout.dtype={rollout_dtype}"] if rollout_dtype else []
@@ -119,73 +80,124 @@ def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None
             raise UserError(f"--router-replay R3 with --rollout {rollout}: R3 replays the rollout's routed experts, "
                             "which vLLM's CPU build cannot return (its Model Runner V2 needs Triton); accepted on "
                             "the CPU is --rollout hf_cpu")
-        return [*out, f"actor_rollout_ref.actor.megatron.router_replay.mode={REPLAY_MODES[router_replay]}"]
-    return [*out, f"actor_rollout_ref.actor.megatron.router_replay.mode={REPLAY_MODES[router_replay]}",
-            "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"]
+        return out
+    if router_replay != "R3":  # R3: the scripts' REPLAY_ARGS turn it on
+        out.append("actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
+    return out
 
 
-def rollout_overrides(rollout: str) -> list[str]:
+SCRIPT = Path(__file__).resolve().parents[2] / "configs" / "dapo" / "common.sh"
+
+# What the CPU run changes of configs/dapo/common.sh's DAPO_ARGS, by key, and why. Only these kinds:
+# sizes (lengths, batch sizes, n, token budgets, steps), paths, device and process counts, the rollout's
+# CPU-only settings, and packing (no packed attention without Transformer Engine). Everything else is the
+# scripts' (tests/test_verl_trainer.py fails on any other difference).
+SIZES, PATHS, COUNTS, ROLLOUT_CPU, PACKING = "size", "path", "device and process counts", "rollout on the CPU", "packing"
+TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
+
+
+def script_env(files: dict, workdir: Path, rollout: str) -> dict:
+    """The variables a device script sets before sourcing common.sh, for the CPU run."""
+    return {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
+            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": "1",
+            "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
+            # the guide's console logger, and verl's file logger for the metrics this harness reads
+            "LOGGER": '["console","file"]'}
+
+
+def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str) -> dict[str, tuple[str, str]]:
+    """key -> (the CPU run's value, the kind of change); a key the scripts do not set is added."""
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    out = {
+        "data.max_prompt_length": (MAX_PROMPT, SIZES), "data.max_response_length": (MAX_RESPONSE, SIZES),
+        "data.train_batch_size": (TRAIN_BSZ, SIZES), f"{r}.n": (N, SIZES),
+        f"{a}.ppo_mini_batch_size": (TRAIN_BSZ, SIZES), f"{a}.ppo_max_token_len_per_gpu": (TOKEN_BUDGET, SIZES),
+        f"{r}.max_num_seqs": (TRAIN_BSZ * N * 3, SIZES),
+        f"{r}.max_num_batched_tokens": ((MAX_PROMPT + MAX_RESPONSE) * TRAIN_BSZ * N * 3, SIZES),
+        # a model 10^5 times smaller than the real one, trained for a few steps: a larger rate, a shorter warm-up
+        f"{a}.optim.lr": (lr, SIZES), f"{a}.optim.lr_warmup_steps": (1, SIZES),
+        "reward.reward_kwargs.max_resp_len": (MAX_RESPONSE, SIZES),
+        "reward.reward_kwargs.overlong_buffer_cfg.len": (OVERLONG, SIZES),
+        "trainer.test_freq": (2, SIZES), "trainer.save_freq": (2, SIZES), "trainer.total_training_steps": (steps, SIZES),
+        "trainer.n_gpus_per_node": (2, COUNTS), "data.dataloader_num_workers": (0, COUNTS),
+        # Ray on a laptop: logical CPUs for verl's many small actors, two logical GPU slots for the two
+        # trainer processes (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
+        "ray_kwargs.ray_init.num_cpus": (32, COUNTS), "ray_kwargs.ray_init.num_gpus": (2, COUNTS),
+        "ray_kwargs.ray_init.include_dashboard": (False, COUNTS),
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units": (1, COUNTS),
+        f"{r}.agent.num_workers": (1, COUNTS),
+        # Megatron's attention without Transformer Engine has no THD (packed) kernel: padded batches
+        "actor_rollout_ref.model.use_remove_padding": (False, PACKING),
+        f"{r}.free_cache_engine": (False, ROLLOUT_CPU),  # needs the rollout's sleep mode, which the CPU has not
+    }
+    for key, value in rollout_settings(rollout).items():
+        out[key] = (value, ROLLOUT_CPU)
+    return out
+
+
+def rollout_settings(rollout: str) -> dict:
     """``hf_cpu`` (the plugin's HF stand-in) or verl's own ``vllm`` rollout on vLLM's CPU build."""
     r = "actor_rollout_ref.rollout"
     if rollout == "hf_cpu":
-        return [f"{r}.name=hf_cpu"]
-    return [f"{r}.name=vllm", f"{r}.enforce_eager=True", f"{r}.load_format=dummy",
-            f"{r}.max_model_len={MAX_PROMPT + MAX_RESPONSE}", f"{r}.max_num_seqs={TRAIN_BSZ * N * 3}",
-            f"{r}.max_num_batched_tokens={(MAX_PROMPT + MAX_RESPONSE) * TRAIN_BSZ * N * 3}",
-            f"{r}.enable_chunked_prefill=False", f"{r}.enable_prefix_caching=False",
-            f"{r}.checkpoint_engine.update_weights_bucket_megabytes=16",
-            f"+{r}.enable_sleep_mode=False"]  # not in verl's rollout.yaml (a RolloutConfig field); vLLM's CPU platform refuses sleep mode (verl's default: on)
+        return {f"{r}.name": "hf_cpu", f"{r}.enable_chunked_prefill": False}
+    return {f"{r}.name": "vllm", f"{r}.load_format": "dummy", f"{r}.max_model_len": MAX_PROMPT + MAX_RESPONSE,
+            f"{r}.enable_chunked_prefill": False, f"{r}.enable_prefix_caching": False,
+            f"{r}.checkpoint_engine.update_weights_bucket_megabytes": 16,
+            # not in verl's rollout.yaml (a RolloutConfig field); vLLM's CPU platform refuses sleep mode
+            f"{r}.enable_sleep_mode": False}
+
+
+def script_args(env: dict, layout: list[str], router_replay: str | None = None) -> list[str]:
+    """configs/dapo/common.sh's DAPO_ARGS as the launch scripts pass them (bash sources it), for ``env``'s
+    variables and the ``layout`` overrides (a script's LAYOUT array)."""
+    if not SCRIPT.is_file():
+        from mcore_dapo.errors import UserError
+
+        raise UserError(f"{SCRIPT} is missing: the CPU trainer run composes its settings from the launch scripts")
+    quoted = " ".join("'" + x.replace("'", "'\\''") + "'" for x in layout)
+    cmd = f'LAYOUT=({quoted}); source "{SCRIPT}"; printf "%s\\0" "${{DAPO_ARGS[@]}}"'
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, check=True,
+                       env={**os.environ, **env, "ROUTER_REPLAY": router_replay or "off"})
+    return [x for x in p.stdout.split("\0") if x]
+
+
+def key_of(arg: str) -> str:
+    return arg.split("=", 1)[0].lstrip("+")
+
+
+def layout_overrides(ep: int = 2) -> list[str]:
+    out = []
+    for role in ("actor", "ref"):
+        out += [f"actor_rollout_ref.{role}.megatron.tensor_model_parallel_size=1",
+                f"actor_rollout_ref.{role}.megatron.pipeline_model_parallel_size=1",
+                f"actor_rollout_ref.{role}.megatron.expert_model_parallel_size={ep}",
+                f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size=1"]
+    return out
 
 
 def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3,
-              rollout: str = "hf_cpu") -> list[str]:
-    """The DAPO overrides of configs/dapo/common.sh, at tiny sizes, for 2 CPU processes."""
-    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
-    layout = []
-    for role in ("actor", "ref"):
-        layout += [f"actor_rollout_ref.{role}.megatron.tensor_model_parallel_size=1",
-                   f"actor_rollout_ref.{role}.megatron.pipeline_model_parallel_size=1",
-                   f"actor_rollout_ref.{role}.megatron.expert_model_parallel_size={ep}",
-                   f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size=1"]
-    return [
-        f"data.train_files={files['train']}", f"data.val_files={files['val']}", "data.prompt_key=prompt",
-        "data.truncation=left", f"data.max_prompt_length={MAX_PROMPT}", f"data.max_response_length={MAX_RESPONSE}",
-        f"data.gen_batch_size={TRAIN_BSZ * 3}", f"data.train_batch_size={TRAIN_BSZ}", "data.dataloader_num_workers=0",
-        f"{r}.n={N}", "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=False",
-        "algorithm.kl_ctrl.kl_coef=0.0", f"{a}.use_kl_loss=False", f"{a}.kl_loss_coef=0.0",
-        f"{a}.clip_ratio_low=0.2", f"{a}.clip_ratio_high=0.28", f"{a}.clip_ratio_c=10.0",
-        "algorithm.filter_groups.enable=True", "algorithm.filter_groups.max_num_gen_batches=10",
-        "algorithm.filter_groups.metric=acc",
-        # Megatron's attention without Transformer Engine has no THD (packed) kernel: padded batches
-        "actor_rollout_ref.model.use_remove_padding=False",
-        f"{a}.use_dynamic_bsz=False", f"{a}.ppo_micro_batch_size_per_gpu=2",
-        f"{r}.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
-        f"actor_rollout_ref.model.path={files['model']}",
-        f"{a}.optim.lr={lr}", f"{a}.optim.lr_warmup_steps=0", f"{a}.optim.weight_decay=0.1",
-        f"{a}.ppo_mini_batch_size={TRAIN_BSZ}", f"{a}.entropy_coeff=0", f"{a}.optim.clip_grad=1.0",
-        f"{a}.loss_agg_mode=token-mean", f"{a}.strategy=megatron", *layout,
-        f"{a}.megatron.use_distributed_optimizer=False", f"{a}.megatron.dtype=bfloat16",
-        *rollout_overrides(rollout), f"{r}.tensor_model_parallel_size=1", f"{r}.temperature=1.0", f"{r}.top_p=1.0",
-        f"{r}.top_k=-1", f"{r}.val_kwargs.temperature=1.0", f"{r}.val_kwargs.top_p=0.7", f"{r}.val_kwargs.n=1",
-        f"{r}.val_kwargs.do_sample=True", f"{r}.free_cache_engine=False", f"{r}.agent.num_workers=1",
-        "reward.reward_manager.name=dapo",
-        f"reward.custom_reward_function.path={Path(__file__).resolve()}",
-        "reward.custom_reward_function.name=compute_score",
-        f"+reward.reward_kwargs.max_resp_len={MAX_RESPONSE}",
-        "+reward.reward_kwargs.overlong_buffer_cfg.enable=True",
-        f"+reward.reward_kwargs.overlong_buffer_cfg.len={OVERLONG}",
-        "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-        "+reward.reward_kwargs.overlong_buffer_cfg.log=False",
-        "trainer.project_name=tiny_dapo", "trainer.experiment_name=megatron_ep2_cpu",
-        "trainer.logger=[console,file]", "trainer.n_gpus_per_node=2", "trainer.nnodes=1", "trainer.device=cpu",
-        "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.save_freq=-1",
-        f"trainer.total_training_steps={steps}", "trainer.total_epochs=100",
-        f"trainer.default_local_dir={workdir / 'checkpoints'}", "trainer.resume_mode=disable",
-        # Ray on a laptop: logical CPUs for verl's many small actors, two logical GPU slots for the two
-        # trainer processes (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
-        "ray_kwargs.ray_init.num_cpus=32", "+ray_kwargs.ray_init.num_gpus=2",
-        "+ray_kwargs.ray_init.include_dashboard=False", "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-    ]
+              rollout: str = "hf_cpu", router_replay: str | None = None) -> list[str]:
+    """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
+    mode = router_replay if router_replay in ("R2", "R3") else None
+    args = script_args(script_env(files, workdir, rollout), layout_overrides(ep), mode)
+    changes = cpu_changes(files, workdir, steps, lr, rollout)
+    out, seen = [], set()
+    for arg in args:
+        key = key_of(arg)
+        if key in changes:
+            prefix = arg[: len(arg) - len(arg.lstrip("+"))]
+            out.append(f"{prefix}{key}={changes[key][0]}")
+            seen.add(key)
+        else:
+            out.append(arg)
+    # keys the scripts leave to verl's defaults: '+' adds a key verl's config does not declare
+    out += [f"{'+' if key in UNDECLARED else ''}{key}={value}" for key, (value, _) in changes.items() if key not in seen]
+    return out
+
+
+# keys verl 0.9.1's config does not declare (Hydra's '+' adds them)
+UNDECLARED = {"ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.include_dashboard",
+              "actor_rollout_ref.rollout.enable_sleep_mode"}
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -202,7 +214,9 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     workdir.mkdir(parents=True, exist_ok=True)
     audit_dir = workdir / "audit"
     shutil.rmtree(audit_dir, ignore_errors=True)
-    files = prepare(workdir, rollout)
+    from mcore_dapo.harness.math_task import prepare as prepare_math
+
+    files = prepare_math(workdir, rollout)
     log = workdir / "metrics.jsonl"
     log.unlink(missing_ok=True)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
@@ -210,23 +224,41 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if audit:
         env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
+    extra = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
-           *overrides(files, workdir, steps, lr=lr, rollout=rollout), *replay_overrides(router_replay, rollout_dtype, rollout)]
+           *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay), *extra]
     t0 = time.time()
-    with open(workdir / "train.log", "w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout, cwd=workdir)
+    returncode, error = run_bounded(cmd, workdir, env, timeout, steps)
     records = read_metrics(log)
-    result = {"returncode": proc.returncode, "rollout": rollout, "seconds": round(time.time() - t0, 1),
+    result = {"returncode": returncode, "error": error, "rollout": rollout, "seconds": round(time.time() - t0, 1),
               "steps": len(records),
               "metrics_log": str(log), "train_log": str(workdir / "train.log"),
               "last": records[-1]["data"] if records else None}
     if records:
         result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png"))
-    if audit and proc.returncode == 0:
+    if audit and returncode == 0:
         from mcore_dapo.harness.audit_reference import reference
 
         result["audit"] = reference(audit_dir)
     return result
+
+
+def run_bounded(cmd: list[str], workdir: Path, env: dict, timeout: float, steps: int) -> tuple[int | None, str | None]:
+    """Run verl's trainer in its own process group; past ``timeout`` every process of it (Ray's too) is killed
+    and the reason comes back as one line: verl 0.9.1 ignores ``max_num_gen_batches``, so a run whose groups all
+    score alike regenerates without end."""
+    import signal
+
+    with open(workdir / "train.log", "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), None
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None, (f"verl's trainer did not finish {steps} steps in {timeout:.0f} s and was stopped (with "
+                          "filter_groups, verl 0.9.1 regenerates without end while every group scores alike; see "
+                          f"{workdir / 'train.log'})")
 
 
 def per_step(result: dict) -> list[dict]:
