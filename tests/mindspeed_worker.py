@@ -105,6 +105,16 @@ def main(hf_path: str) -> dict:
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     ps.initialize_model_parallel()
     adapter.mark_model_parallel_initialised()
+    # a second engine in this process (verl's reference beside the actor, KL on): its _init_device_mesh
+    # configures again after model-parallel init; the same MindSpeed flags go on, other ones are refused
+    ref_flags = adapter.feature_flags({"use_fused_rmsnorm": True, "recompute_granularity": "full"}, 1)
+    adapter.configure(ref_flags)
+    out["second_engine_same_flags"] = "ok"
+    try:
+        adapter.configure(adapter.feature_flags({"use_fused_rmsnorm": False}, 1))
+        out["second_engine_other_flags"] = "accepted"
+    except Exception as e:  # noqa: BLE001 - the refusal's type and line are the result
+        out["second_engine_other_flags"] = f"{type(e).__name__}: {e}"
     bridge = Bridge.from_hf(hf_path, Layout())
     # the allgather dispatcher: alltoall's constructor makes a torch.cuda.Stream, which
     # transfer_to_npu turns into an NPU stream on Ascend and nothing turns into one here;

@@ -104,3 +104,12 @@ def test_mindspeed_te_spec_builds_with_the_bridge_names_and_checkpoint_keys(mind
     assert r["params"] == r["bridge_params"]
     assert r["checkpoint_layout"] == "stacked"
     assert r["checkpoint_keys"] == CHECKPOINT_KEYS
+
+
+def test_a_second_engine_in_the_process_repatches_once(mindspeed_run):
+    # verl's reference engine beside the actor (use_kl_loss=True) configures after initialize_model_parallel:
+    # with the actor's MindSpeed flags (TransformerConfig fields aside) it goes on; other flags are one line
+    assert mindspeed_run["second_engine_same_flags"] == "ok"
+    refused = mindspeed_run["second_engine_other_flags"]
+    assert refused.startswith("MindSpeedOrderError: MindSpeed feature flags ['use_fused_rmsnorm'] differ"), refused
+    assert "\n" not in refused

@@ -82,6 +82,7 @@ class NpuAdapter(DeviceAdapter):
         self._prepared = False
         self._adaptor = None
         self._model_parallel_initialised = False
+        self._applied_flags: dict | None = None
 
     @classmethod
     def detect(cls) -> bool:
@@ -125,10 +126,23 @@ class NpuAdapter(DeviceAdapter):
         return flags
 
     def configure(self, flags: dict | None = None) -> None:
+        """MindSpeed's ``repatch(flags)``, once per process: a second engine in the process (verl's reference
+        beside the actor, with KL on) finds Megatron's parallel state already initialised; it goes on when
+        its MindSpeed feature flags (the keys that are not TransformerConfig fields) are those applied,
+        and is refused in one line when they differ (MindSpeed cannot re-patch after that point)."""
         if not flags:
             return
         if not self._prepared:
             self.prepare()
+        if self._applied_flags is not None and self._model_parallel_initialised:
+            differ = sorted(k for k in set(_feature_flags(flags)) | set(_feature_flags(self._applied_flags))
+                            if _feature_flags(flags).get(k) != _feature_flags(self._applied_flags).get(k))
+            if not differ:
+                return
+            raise MindSpeedOrderError(
+                f"MindSpeed feature flags {differ} differ from those this process applied before "
+                "initialize_model_parallel: give the actor and the reference the same MindSpeed flags"
+            )
         if self._model_parallel_initialised:
             raise MindSpeedOrderError(
                 "MindSpeed feature flags must be applied before initialize_model_parallel"
@@ -140,6 +154,7 @@ class NpuAdapter(DeviceAdapter):
                 "applied: use the MindSpeed branch that matches megatron-core (it provides repatch)"
             )
         repatch(dict(flags))
+        self._applied_flags = dict(flags)
 
     def device(self, local_rank: int):
         import torch
@@ -170,3 +185,10 @@ class NpuAdapter(DeviceAdapter):
         from mcore_dapo.megatron_compat import decoder_block_spec
 
         return decoder_block_spec(config, use_transformer_engine=True, vp_stage=vp_stage, pp_rank=pp_rank)
+
+
+def _feature_flags(flags: dict) -> dict:
+    """The MindSpeed feature flags among ``flags`` (what is not a TransformerConfig field)."""
+    from mcore_dapo.bridge.megatron_config import split_overrides
+
+    return split_overrides(flags)[1]
