@@ -38,6 +38,9 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
     """Run ``python -m module args --out F`` in ``nproc`` processes; return rank 0's JSON from F.
 
     ``stream``: let the processes write to this terminal (progress bars) instead of capturing.
+    The processes run in a session of their own, their output goes to a file (not a pipe), and every
+    process of the session is killed once torchrun returns or ``timeout`` passes: a rank that died
+    leaves no helper process behind (torch_dist's multiprocessing manager, say) to hold the launch.
     """
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-run-") as tmp:
         out = Path(tmp) / "result.json"
@@ -48,10 +51,13 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
         ]
         full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     "PYTHONWARNINGS": "ignore", **(env or {})}
-        proc = subprocess.run(cmd, capture_output=not stream, text=True, timeout=timeout, env=full_env)
-        if proc.returncode != 0 or not out.is_file():
-            tail = "" if stream else "\n".join((proc.stdout + proc.stderr).splitlines()[-40:])
-            raise LaunchError(f"{module} {' '.join(args)} failed with exit code {proc.returncode}:\n{tail}")
+        log = Path(tmp) / "output.log"
+        with open(log, "w") as sink:
+            returncode = _run_session(cmd, full_env, None if stream else sink, timeout)
+        if returncode != 0 or not out.is_file():
+            tail = "" if stream else "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            what = "timed out" if returncode is None else f"failed with exit code {returncode}"
+            raise LaunchError(f"{module} {' '.join(args)} {what}:\n{tail}")
         result = json.loads(out.read_text())
     if isinstance(result, dict) and USER_ERROR in result:
         raise UserError(result[USER_ERROR])
@@ -88,3 +94,22 @@ def finish_worker(result: dict | None, out: str | None) -> int:
             print(text)
     shutdown()
     return 0
+
+
+def _run_session(cmd: list[str], env: dict, sink, timeout: float | None) -> int | None:
+    """``cmd`` in a new session; its exit code (None past ``timeout``); then the whole session killed."""
+    import signal
+
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if sink else None, env=env,
+                            start_new_session=True)
+    try:
+        returncode = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        returncode = None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return returncode
