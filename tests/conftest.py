@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
 
 
 # The Ascend stack's selection (`make test STACK=ascend`: torch 2.7.1, megatron-core 0.12.1), kept within
@@ -54,6 +53,8 @@ BOTH_STACKS = (
 def pytest_configure(config):
     config.addinivalue_line("markers", "cpu_only: needs the CPU device path (gloo ranks on one host, the CPU "
                             "patches of Megatron, verl's cpu platform)")
+    config.addinivalue_line("markers", "no_accelerator: asserts what this host lacks (no torch_npu, no Transformer "
+                            "Engine, no CUDA or NPU device): skipped on a CUDA or Ascend host")
     config.addinivalue_line("markers", "ranks(n): n torchrun ranks through the device adapter alone (no CPU "
                             "patch): on an accelerator host, one device a rank, skipped where fewer are visible")
     config.addinivalue_line("markers", "both_stacks: in the Ascend stack's selection too (BOTH_STACKS)")
@@ -77,6 +78,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cpu_only" in item.keywords:
             item.add_marker(skip)
+        elif "no_accelerator" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=f"no_accelerator: this host's device is {device}"))
         elif (m := item.get_closest_marker("ranks")) is not None and m.args[0] > visible:
             item.add_marker(pytest.mark.skip(reason=f"{m.args[0]} ranks need {m.args[0]} {device} devices, "
                                                     f"{visible} visible"))

@@ -3,6 +3,7 @@ refusal of verl versions the plugin cannot serve (verl 0.6.x's Megatron path is 
 
 from __future__ import annotations
 
+import pytest
 import json
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from mcore_dapo.devices import get_adapter
 from mcore_dapo.devices.npu import cann_version
 
 
+@pytest.mark.no_accelerator
 def test_env_for_npu_names_what_is_missing_from_the_recipe():
     out = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", "env", "--json", "--device", "npu"],
                          capture_output=True, text=True)
@@ -54,6 +56,7 @@ def test_cann_version_is_read_from_the_toolkit_folder(tmp_path, monkeypatch):
     assert cann_version() == "9.1.0"
 
 
+@pytest.mark.no_accelerator
 def test_a2_script_dry_run_names_the_stack_it_expects():
     import os
     from pathlib import Path

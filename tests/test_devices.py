@@ -108,6 +108,7 @@ def test_importing_mcore_dapo_and_the_bridge_does_not_import_megatron():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.no_accelerator
 def test_cuda_and_npu_adapters_import_and_describe_here():
     cuda, npu = get_adapter("cuda"), get_adapter("npu")
     assert cuda.describe() == {"device": "cuda", "backend": "nccl", "transformer_engine": False}
@@ -161,6 +162,7 @@ def test_cuda_refuses_packed_sequences_where_transformer_engine_does_not_import(
     assert str(e.value) == CUDA_THD
 
 
+@pytest.mark.no_accelerator
 def test_cuda_and_npu_adapters_answer_here_without_a_device():
     from megatron.core.transformer.enums import AttnBackend
 

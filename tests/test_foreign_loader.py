@@ -17,6 +17,8 @@ from test_convert import assert_bit_exact
 
 pytest.importorskip("verl")
 
+pytestmark = pytest.mark.cpu_only  # the worker runs the CPU adapter (gloo) whatever the host
+
 TOL = 1e-4  # fp32
 
 

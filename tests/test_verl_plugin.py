@@ -163,6 +163,7 @@ def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
     assert p.stdout.split() == ["cpu", "gloo", "GPU", "cpu", "CpuServerAdapter", "CpuRolloutReplica", "True"]
 
 
+@pytest.mark.no_accelerator
 def test_cpu_platform_not_chosen_on_a_gpu_host_when_torch_has_cuda(monkeypatch, tmp_path):
     import torch
 
