@@ -128,3 +128,43 @@ def test_router_replay_bad_data_is_one_line(replay):
     assert "router_replay.mode=R3" in replay["error_wrong_shape"] and "(6, 4, 1)" in replay["error_wrong_shape"]
     assert "enable_rollout_routing_replay=True" in replay["error_missing"]
     assert "\n" not in replay["error_wrong_shape"] + replay["error_missing"]
+
+
+@pytest.fixture(scope="module")
+def offload(tmp_path_factory):
+    """verl's param/grad/optimizer offload (mcore_dapo.harness.verl_engine --offload): one launch, an
+    offloaded worker then a plain one with the same weights, batch and (distributed) optimizer."""
+    from mcore_dapo.harness.tiny import make_tiny_model
+
+    tmp = tmp_path_factory.mktemp("verl-offload")
+    hf = make_tiny_model(tmp / "tiny")
+    (tmp / "work").mkdir()
+    return torchrun("mcore_dapo.harness.verl_engine", ["--hf-path", str(hf), "--work", str(tmp / "work"), "--offload"],
+                    2, timeout=600)
+
+
+def test_verl_offload_frees_the_ddp_buffers(offload):
+    assert offload["offload_enabled"] == [True, True] and offload["dist_optimizer"] is True
+    plain = offload["plain_after_init"]  # the same buffers without offload: bf16 params, fp32 grads
+    assert plain["param"] == 2 * plain["numel"] > 0 and plain["grad"] == 4 * plain["numel"]
+    # verl's offload_megatron_model_to_cpu ran: storage freed after init, and again after each worker
+    # call that loaded it (the export as verl's update_weights, update_actor, save_checkpoint)
+    for when in ("after_init", "after_export", "after_update", "after_save"):
+        assert offload[when] == {"param": 0, "grad": 0, "numel": plain["numel"]}, when
+
+
+def test_verl_offload_export_reloads_the_weights(offload):
+    # get_per_tensor_param while offloaded: the HF folder's weights in the engine's dtype, bit for bit
+    assert offload["export_tensors"] == 135 and offload["export_vs_hf_differ"] == []
+
+
+def test_verl_offload_update_equals_the_update_without_offload(offload):
+    assert offload["old_logp_equal"]  # compute_log_prob, loaded and offloaded again, is the same too
+    assert offload["offloaded_update"] == offload["plain_update"]  # loss and grad norm, exactly
+    assert offload["export_moved"] > 100  # the update reached the exported weights
+    assert offload["offloaded_vs_plain_weights_differ"] == []
+
+
+def test_verl_offload_checkpoint_saves_the_live_weights(offload):
+    assert offload["checkpoint_found"] and offload["checkpoint_tensors"] == offload["export_tensors"]
+    assert offload["checkpoint_vs_live_differ"] == []

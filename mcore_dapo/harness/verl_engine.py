@@ -30,9 +30,11 @@ MICRO = 2
 
 
 def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1, *, world: int = 2, device: str = "cpu",
-              remove_padding: bool = False, router_replay: str = "disabled", dispatcher: str = "alltoall") -> list[str]:
+              remove_padding: bool = False, router_replay: str = "disabled", dispatcher: str = "alltoall",
+              offload: bool = False, dist_optimizer: bool = False) -> list[str]:
     """What a user writes (the guide's DAPO settings, tiny sizes), strategy=megatron included;
-    ``remove_padding``: packed sequences (THD), where the device's attention supports them."""
+    ``remove_padding``: packed sequences (THD), where the device's attention supports them;
+    ``offload``: verl's param (with its gradient buffers) and optimizer offload, as the launch scripts set."""
     a = "actor_rollout_ref.actor"
     extra = [f"{a}.megatron.router_replay.mode={router_replay}"] if router_replay != "disabled" else []
     if dispatcher != "alltoall":
@@ -45,7 +47,9 @@ def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1, *, world: int = 2
         f"{a}.megatron.pipeline_model_parallel_size={pp}",
         f"{a}.megatron.expert_model_parallel_size={ep}",
         f"{a}.megatron.expert_tensor_parallel_size=1",
-        f"{a}.megatron.use_distributed_optimizer=False",
+        f"{a}.megatron.use_distributed_optimizer={dist_optimizer}",
+        f"{a}.megatron.param_offload={offload}",
+        f"{a}.megatron.optimizer_offload={offload}",
         f"{a}.clip_ratio_low=0.2",
         f"{a}.clip_ratio_high=0.28",
         f"{a}.clip_ratio_c=10.0",
@@ -185,6 +189,102 @@ def run(a) -> dict:
                   "remove_padding": a.remove_padding, "peak_device_bytes": get_adapter().max_memory_allocated(),
                   "peak_rss_mb": peak_rss_mb(), **saved}
     return result
+
+
+def offload_run(a) -> dict:
+    """verl's param/grad/optimizer offload through verl's worker calls (what the launch scripts set), on
+    the distributed optimizer (verl's offload frees the DDP buffers' param_data, which only it has): the
+    buffers' storage after init, after each worker call and after a save; the weights exported while
+    offloaded against the HF folder; then the same update and export by a second worker without
+    offload, in the same processes (verl colocates engines so: one model-parallel state)."""
+    import torch.distributed as dist
+
+    from mcore_dapo.io.hf_reader import HFReader
+
+    def storage(engine) -> dict:
+        """Storage elements of the DDP buffers (param_data, grad_data) on this rank, summed."""
+        out = {"param": 0, "grad": 0, "numel": 0}
+        for chunk in engine.module:
+            for buf in [*chunk.buffers, *chunk.expert_parallel_buffers]:
+                out["param"] += buf.param_data.untyped_storage().nbytes()
+                out["grad"] += buf.grad_data.untyped_storage().nbytes()
+                out["numel"] += buf.param_data.numel()
+        return _all(out)
+
+    def export(engine) -> dict:
+        got = {n: t.detach().clone() for n, t in engine.get_per_tensor_param()[0]}
+        if engine.is_param_offload_enabled:  # as verl's update_weights after the sync
+            engine.to("cpu", model=True, optimizer=False, grad=False)
+        return got
+
+    def update(worker, engine, batch, data) -> tuple:
+        old = _old_policy(worker, engine, batch, data)
+        td = engine_batch(data, old)
+        mini = GROUPS * N
+        tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                             global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
+                             dataloader_kwargs={"shuffle": False}, compute_loss=True)
+        out = worker.update_actor(dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank()))
+        metrics = _shared(engine, tu.get(out, "metrics") if out is not None else None)
+        return old, {k: _scalar(metrics[k]) for k in ("loss", "grad_norm")}
+
+    from verl.utils import tensordict_utils as tu
+
+    worker, engine, batch, data = start_actor(a, device=a.device, offload=True, dist_optimizer=True)
+    r = {"offload_enabled": [engine.is_param_offload_enabled, engine.is_optimizer_offload_enabled],
+         "dist_optimizer": engine.engine_config.use_distributed_optimizer, "after_init": storage(engine)}
+    with HFReader(a.hf_path) as reader:
+        before = export(engine)  # nothing trained yet: the HF folder's weights in the engine's dtype
+        r["export_tensors"] = len(before)
+        r["export_vs_hf_differ"] = sorted(n for n, t in before.items()
+                                          if not torch.equal(t, reader.get(n).to(t.dtype)))
+    r["after_export"] = storage(engine)
+    old, r["offloaded_update"] = update(worker, engine, batch, data)
+    r["after_update"] = storage(engine)
+    trained = export(engine)
+    r["export_moved"] = sum(not torch.equal(trained[n], before[n]) for n in before)
+    folder = Path(a.work) / "offloaded-checkpoint"
+    engine.save_checkpoint(str(folder), global_step=1)
+    r["after_save"] = storage(engine)
+    found = sorted(p.parent for p in folder.rglob("model.safetensors.index.json"))
+    r["checkpoint_found"] = bool(found)
+    if found:
+        with HFReader(found[0]) as reader:
+            r["checkpoint_tensors"] = len(trained)
+            r["checkpoint_vs_live_differ"] = sorted(n for n, t in trained.items()
+                                                    if not torch.equal(t, reader.get(n).to(t.dtype)))
+
+    # the same update without offload: a second worker, same weights, same batch
+    plain, plain_engine, _, _ = start_actor(a, device=a.device, offload=False, dist_optimizer=True)
+    r["plain_after_init"] = storage(plain_engine)
+    plain_old, r["plain_update"] = update(plain, plain_engine, batch, data)
+    r["old_logp_equal"] = bool(torch.equal(old, plain_old))
+    plain_trained = export(plain_engine)
+    r["offloaded_vs_plain_weights_differ"] = sorted(n for n in plain_trained
+                                                    if not torch.equal(plain_trained[n], trained[n]))
+    return r if dist.get_rank() == 0 else None
+
+
+def _old_policy(worker, engine, batch, data) -> torch.Tensor:
+    """verl's compute_log_prob (infer_batch) on the whole batch, plus the noise of :func:`run`."""
+    from verl.utils import tensordict_utils as tu
+
+    td = engine_batch(data)
+    tu.assign_non_tensor(td, calculate_entropy=True, calculate_sum_pi_squared=False, compute_loss=False)
+    mine = dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank())
+    current = _gather_logp(engine, worker.compute_log_prob(mine), mine, len(data))
+    noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(3)) * 0.3
+    return (current + noise) * batch["response_mask"]
+
+
+def _all(counts: dict) -> dict:
+    """Per-rank integer counts summed over all ranks."""
+    import torch.distributed as dist
+
+    keys = sorted(counts)
+    t = torch.tensor([counts[k] for k in keys], dtype=torch.int64)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
 
 
 def replay_run(a) -> dict:
@@ -405,6 +505,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="verl's trainer.device")
     ap.add_argument("--remove-padding", action="store_true", help="packed sequences (THD)")
     ap.add_argument("--replay", action="store_true", help="router replay R2 then R3 (replay_run)")
+    ap.add_argument("--offload", action="store_true",
+                    help="verl's param/grad/optimizer offload against the same update without it (offload_run)")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--replay)")
     ap.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
@@ -413,7 +515,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from mcore_dapo.runtime.launch import finish_worker
 
-    return finish_worker(replay_run(a) if a.replay else run(a), a.out)
+    return finish_worker(replay_run(a) if a.replay else offload_run(a) if a.offload else run(a), a.out)
 
 
 if __name__ == "__main__":

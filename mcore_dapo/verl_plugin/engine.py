@@ -12,7 +12,11 @@ checkpoint manager, is verl's):
 * ``_build_megatron_module``: the model from :func:`mcore_dapo.runtime.model.build_model`,
   weights from the HF folder through the bridge or from a torch_dist checkpoint
   (``megatron.use_dist_checkpointing``), ``Float16Module`` and Megatron's DDP as verl wraps them;
-* ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed);
+* ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed), an
+  offloaded model loaded first as verl's own does;
+* ``to`` / ``train_mode`` / ``eval_mode`` / ``save_checkpoint`` on the CPU only: verl's offload helpers
+  run there too (param/grad/optimizer offload), with load and offload told apart although the device
+  and the host are both "cpu";
 * ``train_batch``: verl's, plus the audit of :mod:`mcore_dapo.verl_plugin.audit` when
   ``MCORE_DAPO_AUDIT_DIR`` is set.
 
@@ -75,23 +79,40 @@ def engine_class():
             return _build_megatron_module(self)
 
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
+            # as verl's own: offloaded parameters come back first (verl's update_weights offloads them
+            # again after the sync when param_offload is set)
+            _load_if_offloaded(self, load_grad=False)
             return export_weights(self), None
 
-        # Without device memory (the CPU) the model already lives where verl would "load it to the
-        # device": verl's offload helpers (which expect device buffers) have nothing to move.
+        # verl's MegatronEngine.to loads for device == get_device_name() and offloads for "cpu". On the
+        # CPU both are "cpu" (verl would take every call for a load): there the mode contexts' entry
+        # loads (marked by _LoadOnEntry), every other call (init, the contexts' exit, update_weights
+        # after a sync) offloads, through verl's own helpers.
         def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-            if not get_adapter().has_device_memory():
-                return None
-            return super().to(device, model=model, optimizer=optimizer, grad=grad)
+            if get_adapter().has_device_memory() or getattr(self, "_mcore_loading", False):
+                return super().to(device, model=model, optimizer=optimizer, grad=grad)
+            return _offload(self, model=model, optimizer=optimizer, grad=grad)
+
+        def train_mode(self, **kwargs):
+            return _LoadOnEntry.around(self, super().train_mode(**kwargs))
+
+        def eval_mode(self, **kwargs):
+            return _LoadOnEntry.around(self, super().eval_mode(**kwargs))
 
         def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
             if get_adapter().has_device_memory():
                 return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
+            # verl's own asks where the module lives, which on the CPU is always "cpu", and then loads
+            # buffers that use_distributed_optimizer=False does not have; as verl's: an offloaded model
+            # (and its gradient buffers) is loaded for the save and offloaded again after it
             import torch.distributed as dist
 
+            _load_if_offloaded(self, load_grad=True)
             self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
                                                       global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
             dist.barrier()
+            if self._is_offload_param:
+                _offload(self, model=True, optimizer=False, grad=False)
 
         def train_batch(self, data, loss_function):
             from mcore_dapo.verl_plugin import audit
@@ -120,6 +141,54 @@ def engine_class():
                                                    logits_processor_func, postprocess_micro_batch_func)
 
     return McoreDapoEngine
+
+
+class _LoadOnEntry:
+    """verl's train/eval mode context with its entry marked as a load for ``McoreDapoEngine.to`` on the
+    CPU (the entry's ``to(get_device_name())`` reads "cpu" there, as the offloads do)."""
+
+    def __init__(self, engine, ctx):
+        self.engine, self.ctx = engine, ctx
+
+    @classmethod
+    def around(cls, engine, ctx):
+        from mcore_dapo.devices import get_adapter
+
+        return ctx if get_adapter().has_device_memory() else cls(engine, ctx)
+
+    def __enter__(self):
+        self.engine._mcore_loading = True
+        try:
+            return self.ctx.__enter__()
+        finally:
+            self.engine._mcore_loading = False
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc)
+
+
+def _offload(engine, model: bool, optimizer: bool, grad: bool) -> None:
+    """verl's offload branch of ``MegatronEngine.to`` (verl/workers/engine/megatron/transformer_impl.py):
+    the model's DDP buffers to host copies, their storage and the gradient buffers freed; the optimizer's
+    state to the CPU (where it already is on the CPU)."""
+    from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
+
+    if grad:
+        assert model, "Gradient buffers must be moved to device along with model parameters"
+    if model:
+        offload_megatron_model_to_cpu(engine.module)
+    if optimizer and engine.optimizer is not None:
+        offload_megatron_optimizer(engine.optimizer)
+
+
+def _load_if_offloaded(engine, load_grad: bool) -> None:
+    """verl's ``load_megatron_model_to_gpu`` where verl offloads the model (param_offload), as verl's
+    get_per_tensor_param and save_checkpoint call it; it needs the DDP buffers' ``param_data``, which
+    only the distributed optimizer has (verl's offload needs it too)."""
+    if engine._is_offload_param:
+        from verl.utils.megatron_utils import load_megatron_model_to_gpu
+
+        load_megatron_model_to_gpu(engine.module, load_grad=load_grad)
 
 
 def _configure_device(engine) -> None:
