@@ -16,11 +16,13 @@
 7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
    builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
-8. verl's DAPO trainer itself for three steps (``mcore_dapo.harness.tiny_dapo``): Ray, the
-   agent loop on verl's own vLLM rollout (vLLM's CPU build; the plugin's ``hf_cpu`` stand-in where
-   vLLM is not installed), the dapo reward manager, dynamic sampling, the
-   Megatron actor (EP2), weight sync each step; verl's metrics log and a PNG of the run; every
-   update recomputed on the HF model from that step's weights (the audit).
+8. verl's DAPO trainer itself for four steps with the launch scripts' settings
+   (``mcore_dapo.harness.tiny_dapo``: configs/dapo/common.sh with only sizes, counts and the rollout's
+   CPU settings changed): Ray, the agent loop on verl's own vLLM rollout (vLLM's CPU build; the
+   plugin's ``hf_cpu`` stand-in where vLLM is not installed), dynamic batch sizes, the distributed
+   optimizer, warm-up, full recompute, offload, validation and checkpoints every 2 steps, verl's
+   math_dapo reward, dynamic sampling, the Megatron actor (EP2), weight sync each step; verl's
+   metrics log and a PNG of the run; every update recomputed on the HF model (the audit).
 """
 
 from __future__ import annotations
@@ -135,7 +137,7 @@ def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
     }
 
 
-def verl_trainer(workdir: Path, steps: int = 3) -> dict:
+def verl_trainer(workdir: Path, steps: int = 4) -> dict:
     import importlib.util
 
     if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
@@ -149,7 +151,8 @@ def verl_trainer(workdir: Path, steps: int = 3) -> dict:
     return {"rollout": rollout, "steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
             "plot": r.get("plot"), "train_log": r["train_log"],
             "passed": r["returncode"] == 0 and len(per_step) == steps
-            and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 5e-3 for p in per_step)
+            # tests/test_verl_trainer.py's bounds: one or two bf16 steps of a probability; 1 % of the grad norm
+            and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 2e-2 for p in per_step)
             and all(p["reference_grad_norm"] is not None
                     and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] for p in per_step)}
 
@@ -183,7 +186,8 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     sync = step("train one step, sync to the rollout model", rollout_sync, hf_dir, ref)
     dapo = step("DAPO update with verl's functions", dapo_update, hf_dir, workdir)
     engine = step("DAPO update through verl's Megatron engine", verl_engine_update, hf_dir, workdir)
-    trainer = step("verl's DAPO trainer, 3 steps (Ray, verl's vLLM rollout)", verl_trainer, workdir)
+    trainer = step("verl's DAPO trainer, 4 steps with the launch scripts' settings (Ray, verl's vLLM rollout)",
+                   verl_trainer, workdir)
     steps.close()
     cfg = json.loads((hf_dir / "config.json").read_text())
     return {
@@ -270,12 +274,13 @@ def render(summary: dict) -> str:
     else:
         lines.append(f"verl's DAPO trainer on the CPU ({len(t['steps'])} steps in {t['seconds']} s, Megatron EP2 actor, "
                      f"{t['rollout']} rollout)  {'PASS' if t['passed'] else 'FAIL'}")
-        lines.append("  step   score mean   grad norm   HF reference   groups dropped   rollout vs actor max|dp|   step s")
+        lines.append("  step   score mean   val acc   grad norm   HF reference   groups dropped   "
+                     "rollout vs actor max|dp|   step s")
         for p in t["steps"]:
-            ref = p["reference_grad_norm"]
-            lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {p['grad_norm']:>9.4f}   "
-                         f"{'-' if ref is None else format(ref, '.4f'):>12}   {p['evicted']:>14.0f}   "
-                         f"{p['rollout_vs_actor']:>24.1e}   {p['seconds']:>6.1f}")
+            ref, val = p["reference_grad_norm"], p.get("val_acc")
+            lines.append(f"  {p['step']:>4}   {p['score']:>10.3f}   {'-' if val is None else format(val, '.3f'):>7}   "
+                         f"{p['grad_norm']:>9.4f}   {'-' if ref is None else format(ref, '.4f'):>12}   "
+                         f"{p['evicted']:>14.0f}   {p['rollout_vs_actor']:>24.1e}   {p['seconds']:>6.1f}")
         lines.append(f"  metrics: {_shown(t['metrics_log'])}   plot: {_shown(t['plot'])}")
     lines += ["", f"tolerance {summary['tolerance']:.0e}; {'all passed' if summary['passed'] else 'FAILED'} "
               f"in {summary['seconds']} s"]

@@ -26,7 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 6
+# the overlong buffer starts past 2 tokens: the taught model's answers (``Answer: N`` and the end of turn,
+# 3 tokens) all pay the dapo reward manager's overlong penalty, 0.1 each, which scores below -1 show
+MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 10
 TRAIN_BSZ, N = 4, 4
 WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
 
@@ -269,7 +271,8 @@ def per_step(result: dict) -> list[dict]:
              "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
              "evicted": m.get("training/filter_groups/evicted_samples", 0),
              "rollout_vs_actor": m.get("training/rollout_probs_diff_max"),
-             "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step")}
+             "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step"),
+             "val_acc": next((v for k, v in m.items() if k.startswith("val-core/") and "/acc/" in k), None)}
             for i, m in enumerate(rows)]
 
 
