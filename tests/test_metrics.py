@@ -53,6 +53,9 @@ def test_prefixed_coloured_lines_are_read_and_malformed_ones_counted():
     ("step:three - x:1", "malformed"),
     ("step:3 - x", "malformed"),
     ("step:3 - x:abc", "malformed"),  # no numeric value at all
+    # verl's validation metrics print as numpy 2 scalars
+    ("step:2 - val-core/aime_tiny/acc/mean@1:np.float64(0.375) - n:np.int64(3)",
+     (2, {"val-core/aime_tiny/acc/mean@1": 0.375, "n": 3.0})),
 ])
 def test_parse_line(line, expected):
     assert parse_line(line) == expected

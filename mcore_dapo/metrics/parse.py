@@ -36,7 +36,13 @@ class RunLog:
         return [(s, m[key]) for s, m in sorted(self.steps.items()) if key in m]
 
 
+NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint)\d*\((.*)\)$")  # numpy 2's repr: np.float64(0.375)
+
+
 def _number(text: str) -> float | None:
+    wrapped = NUMPY_SCALAR.match(text.strip())
+    if wrapped:
+        text = wrapped.group(1)
     try:
         v = float(text)
     except ValueError:

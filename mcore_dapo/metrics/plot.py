@@ -1,5 +1,5 @@
-"""Per-step plots of runs: reward mean, response length, e2e throughput, and each run's timing breakdown
-(matplotlib, Agg backend)."""
+"""Per-step plots of runs: reward mean, validation accuracy (where verl validated), response length, e2e
+throughput, and each run's timing breakdown (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,13 @@ def _timing(ax, name: str, steps: dict[int, dict]):
     ax.set_ylabel("seconds")
 
 
+def validation_accuracy_key(runs: dict[str, dict[int, dict]]) -> str | None:
+    """The first ``val-core/<data source>/acc/...`` metric of the runs (verl's validation accuracy), if any."""
+    keys = sorted({k for steps in runs.values() for m in steps.values() for k in m
+                   if k.startswith("val-core/") and "/acc/" in k})
+    return keys[0] if keys else None
+
+
 def plot_runs(runs: dict[str, dict[int, dict]], out: str | Path) -> Path:
     """``runs`` maps a run name to its per-step metrics (with throughputs); writes a PNG."""
     plt = _pyplot()
@@ -58,6 +65,9 @@ def plot_runs(runs: dict[str, dict[int, dict]], out: str | Path) -> Path:
     lines = (("critic/rewards/mean", "critic/score/mean", "reward mean", "reward"),
              ("response_length/mean", None, "response length mean", "tokens"),
              ("e2e_tps", None, "end-to-end throughput (e2e_tps)", "tokens/s/device"))
+    val = validation_accuracy_key(runs)
+    if val is not None:  # verl's validation at test_freq: accuracy on the test file
+        lines = lines[:1] + ((val, None, f"validation accuracy ({val})", "accuracy"),) + lines[1:]
     n = len(lines) + len(timed)
     fig, axes = plt.subplots(n, 1, figsize=(11, 2.5 * n), constrained_layout=True)
     for ax, (key, fallback, title, unit) in zip(axes, lines):
