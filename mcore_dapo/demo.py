@@ -151,10 +151,11 @@ def verl_trainer(workdir: Path, steps: int = 4) -> dict:
     return {"rollout": rollout, "steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
             "plot": r.get("plot"), "train_log": r["train_log"],
             "passed": r["returncode"] == 0 and len(per_step) == steps
-            # tests/test_verl_trainer.py's bounds: one or two bf16 steps of a probability; 1 % of the grad norm
+            # tests/test_verl_trainer.py's bounds: one or two bf16 steps of a probability; the grad norm's
             and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 2e-2 for p in per_step)
             and all(p["reference_grad_norm"] is not None
-                    and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] for p in per_step)}
+                    and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] + 2e-3
+                    for p in per_step)}
 
 
 def run_demo(workdir: Path, progress: bool = True) -> dict:
