@@ -207,9 +207,11 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
-        rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None) -> dict:
+        rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
+        extra: tuple[str, ...] = ()) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
-    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step."""
+    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step.
+    ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on)."""
     import shutil
 
     workdir = Path(workdir).absolute()
@@ -226,9 +228,9 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if audit:
         env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
-    extra = replay_overrides(router_replay, rollout_dtype, rollout)
+    more = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
-           *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay), *extra]
+           *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay), *more, *extra]
     t0 = time.time()
     returncode, error = run_bounded(cmd, workdir, env, timeout, steps)
     records = read_metrics(log)
@@ -298,9 +300,10 @@ def main(argv=None) -> int:
                     help="router replay (off, R2, R3); the rollout returns its routed experts for the "
                          "routing-agreement metric (actor/routing/rollout_agreement)")
     ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides after the scripts' (e.g. actor_rollout_ref.actor.use_kl_loss=True)")
     a = ap.parse_args(argv)
     result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
-                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype)
+                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides))
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 
