@@ -14,7 +14,6 @@ from mcore_dapo.patching.megatron_cpu import (  # noqa: F401
     distrib_optimizer,
     float16_optimizer,
     fp8_param_shard,
-    p2p_shape_sends,
     rng_state,
     router_gemm,
     schedule_token_counter,
