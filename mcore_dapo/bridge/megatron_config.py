@@ -87,6 +87,12 @@ def transformer_config_kwargs(
         # Megatron's allgather dispatcher refuses variable sequence lengths (checked for dense models too)
         moe_token_dispatcher_type=dispatcher,
         variable_seq_lengths=dispatcher == "alltoall",
+        # the interleaved schedule's point-to-point communication as Megatron's training arguments
+        # (megatron/training/arguments.py) and verl's engine set it: unbatched and overlapped. Batched
+        # (megatron-core's default), PP2 puts two sends and two receives between the same two ranks in one
+        # batch, matched in posting order, so a received activation and gradient swap (wrong gradients, seen
+        # with 4 micro-batches on PP2 x VPP2; Megatron's arguments refuse PP2 with VPP unless overlapped)
+        **({"overlap_p2p_comm": True, "batch_p2p_comm": False} if layout.vpp else {}),
         # fusions that need CUDA kernels are enabled by the device adapter, not here
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
