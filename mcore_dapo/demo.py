@@ -154,7 +154,7 @@ def verl_trainer(workdir: Path, steps: int = 4) -> dict:
             # tests/test_verl_trainer.py's bounds: one or two bf16 steps of a probability; the grad norm's
             and all(p["rollout_vs_actor"] is not None and p["rollout_vs_actor"] < 2e-2 for p in per_step)
             and all(p["reference_grad_norm"] is not None
-                    and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] + 2e-3
+                    and abs(p["grad_norm"] - p["reference_grad_norm"]) <= 1e-2 * p["reference_grad_norm"] + 5e-3
                     for p in per_step)}
 
 
