@@ -23,7 +23,8 @@ import pytest
 
 from mcore_dapo.runtime.launch import torchrun
 
-pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+# 2 torchrun ranks through the device adapter alone (gloo on the CPU; on an accelerator host one device a rank)
+pytestmark = pytest.mark.ranks(2)
 
 LR = 1e-3
 CASES = {
