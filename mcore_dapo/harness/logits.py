@@ -27,6 +27,8 @@ def parse_args(argv=None):
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--etp", type=int, default=None)
     ap.add_argument("--vpp", type=int, default=None)
+    ap.add_argument("--first", type=int, default=None, help="layers in the first pipeline stage (uneven stages)")
+    ap.add_argument("--last", type=int, default=None, help="layers in the last pipeline stage (uneven stages)")
     ap.add_argument("--dispatcher", default="alltoall")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="fp32")
@@ -64,8 +66,10 @@ def run(a) -> dict:
     info = parallel_info()
     # no auxiliary load-balancing loss, as verl's engine trains (aux_loss_coeff=0): the backward's loss is
     # the cross-entropy alone, which the HF reference computes
+    stages = {k: v for k, v in (("num_layers_in_first_pipeline_stage", a.first),
+                                 ("num_layers_in_last_pipeline_stage", a.last)) if v is not None}
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0,
-                             make_vocab_size_divisible_by=a.vocab_divisible_by)
+                             make_vocab_size_divisible_by=a.vocab_divisible_by, overrides=stages or None)
     key_layout = None
     if a.mcore_path:
         from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
