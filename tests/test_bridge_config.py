@@ -101,3 +101,28 @@ def test_missing_config_and_bad_json(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe"}))
     with pytest.raises(UserError, match="lacks the field"):
         load_hf_config(tmp_path)
+
+
+def test_two_stage_split_is_set_by_the_first_stage(tiny_moe):
+    """PP2 with first and last stage sizes (the A2 script's 26/22): Megatron derives the last stage from the
+    first and divides by the middle stages' count when both are set; the bridge keeps the first alone."""
+    from mcore_dapo.bridge.megatron_config import build_transformer_config
+
+    cfg = load_hf_config(tiny_moe)
+    tf = build_transformer_config(cfg, Layout(pp=2), {"num_layers_in_first_pipeline_stage": 3,
+                                                      "num_layers_in_last_pipeline_stage": 1}, dtype="fp32")
+    assert (tf.num_layers_in_first_pipeline_stage, tf.num_layers_in_last_pipeline_stage) == (3, None)
+    with pytest.raises(UserError, match="cover 3 of the 4 layers"):
+        build_transformer_config(cfg, Layout(pp=2), {"num_layers_in_first_pipeline_stage": 2,
+                                                     "num_layers_in_last_pipeline_stage": 1}, dtype="fp32")
+
+
+def test_the_a2_scripts_layout_builds_its_transformer_config(reference_config):
+    # configs/dapo_qwen3_30b_a2.sh: TP1, PP2 with 26/22 layers, VPP2, EP8 (Megatron refused both sizes at PP2)
+    from mcore_dapo.bridge.megatron_config import build_transformer_config
+
+    tf = build_transformer_config(load_hf_config(reference_config), Layout(pp=2, vpp=2, ep=8),
+                                  {"num_layers_in_first_pipeline_stage": 26, "num_layers_in_last_pipeline_stage": 22},
+                                  dtype="bf16")
+    assert tf.num_layers_in_first_pipeline_stage == 26 and tf.virtual_pipeline_model_parallel_size == 2
+    assert tf.overlap_p2p_comm and not tf.batch_p2p_comm  # the interleaved schedule's p2p (megatron_config)

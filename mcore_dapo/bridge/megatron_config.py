@@ -149,6 +149,23 @@ def split_overrides(overrides: dict | None) -> tuple[dict, dict]:
             {k: v for k, v in overrides.items() if k not in fields})
 
 
+FIRST, LAST = "num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage"
+
+
+def _two_stage_split(kw: dict, layout: Layout) -> None:
+    """At PP 2 the first stage's size decides the split: Megatron gives the rest to the other stage (its one
+    "middle" stage). With both sizes set there is no middle stage, and Megatron divides by their count
+    (``TransformerConfig.__post_init__`` in 0.12.1, ``get_transformer_layer_offset`` with VPP in 0.16.1): the
+    last size is dropped when it is the rest, refused otherwise."""
+    first, last = kw.get(FIRST), kw.get(LAST)
+    if layout.pp != 2 or first is None or last is None:
+        return
+    if first + last != kw["num_layers"]:
+        raise UserError(f"{FIRST}={first} and {LAST}={last} with pipeline_model_parallel_size=2 cover "
+                        f"{first + last} of the {kw['num_layers']} layers: accepted are sizes that add up to them")
+    kw.pop(LAST)
+
+
 def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict | None = None, **kwargs):
     """The TransformerConfig; ``overrides`` (TransformerConfig fields only) win over the mapping."""
     import torch
@@ -160,6 +177,7 @@ def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict
     if unknown:
         raise UserError(f"override_transformer_config keys {sorted(unknown)} are not TransformerConfig fields")
     kw.update(fields)
+    _two_stage_split(kw, layout)
     if isinstance(kw["params_dtype"], str):
         kw["params_dtype"] = getattr(torch, kw["params_dtype"])
     kw["pipeline_dtype"] = kw["params_dtype"]
