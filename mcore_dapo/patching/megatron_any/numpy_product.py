@@ -9,12 +9,11 @@ modules only, ``np`` is a view of numpy that has ``product`` = ``numpy.prod``.
 
 from __future__ import annotations
 
-import types
-
 import numpy
 
 from mcore_dapo.patching.patcher import Patcher
 from mcore_dapo.patching.registry import implements
+from mcore_dapo.patching.views import ModuleView
 
 MODULES = (
     "megatron.core.dist_checkpointing.exchange_utils",
@@ -22,18 +21,7 @@ MODULES = (
     "megatron.core.dist_checkpointing.validation",
 )
 
-
-class _NumpyView(types.ModuleType):
-    def __init__(self):
-        super().__init__("numpy")
-        self.product = numpy.prod
-
-    def __getattr__(self, name):
-        return getattr(numpy, name)
-
-
-VIEW = _NumpyView()
-
+VIEW = ModuleView(numpy, product=numpy.prod)
 
 @implements("megatron.numpy2-product")
 def _numpy_product(patch: Patcher) -> None:

@@ -5,7 +5,6 @@ into "cpu". Modules Megatron imports later (it imports lazily) get the view as t
 from __future__ import annotations
 
 import sys
-import types
 
 import torch
 
@@ -13,6 +12,7 @@ from mcore_dapo.patching.import_hooks import after_each_import
 from mcore_dapo.patching.megatron_cpu.cuda_namespace import CpuCuda
 from mcore_dapo.patching.patcher import Patcher
 from mcore_dapo.patching.registry import implements
+from mcore_dapo.patching.views import ModuleView, factories
 
 
 def _cpu_device(dev):
@@ -34,31 +34,13 @@ _FACTORIES = (
 )
 
 
-def _cpu_factory(fn):
-    def factory(*args, **kwargs):
-        if "device" in kwargs:
-            kwargs["device"] = _cpu_device(kwargs["device"])
-        return fn(*args, **kwargs)
-
-    factory.__name__ = fn.__name__
-    factory.__wrapped__ = fn
-    return factory
+def _cpu_kwargs(kwargs: dict) -> None:
+    if "device" in kwargs:
+        kwargs["device"] = _cpu_device(kwargs["device"])
 
 
-class _TorchView(types.ModuleType):
-    """``torch`` for Megatron's modules: real torch except ``cuda`` and device="cuda" factories."""
-
-    def __init__(self):
-        super().__init__("torch")
-        self.cuda = CpuCuda()
-        for name in _FACTORIES:
-            setattr(self, name, _cpu_factory(getattr(torch, name)))
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-VIEW = _TorchView()
+# ``torch`` for Megatron's modules: real torch except ``cuda`` and device="cuda" factories
+VIEW = ModuleView(torch, cuda=CpuCuda(), **factories(torch, _FACTORIES, _cpu_kwargs))
 
 
 @implements("cpu.megatron.torch-cuda-namespace")

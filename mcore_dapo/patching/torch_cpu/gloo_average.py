@@ -8,16 +8,14 @@ group's size; every other call goes to torch's own all_reduce unchanged.
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 from mcore_dapo.patching.import_hooks import after_import
 from mcore_dapo.patching.patcher import Patcher
 from mcore_dapo.patching.registry import implements
+from mcore_dapo.patching.views import ModuleView
 
 MODULES = ("verl.workers.engine_workers",)
-
 
 def all_reduce(tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
     dist = torch.distributed
@@ -29,29 +27,8 @@ def all_reduce(tensor, op=torch.distributed.ReduceOp.SUM, group=None, async_op=F
         return work
     return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
 
-
-class _Distributed(types.ModuleType):
-    def __init__(self):
-        super().__init__("torch.distributed")
-        self.all_reduce = all_reduce
-
-    def __getattr__(self, name):
-        return getattr(torch.distributed, name)
-
-
-class _TorchView(types.ModuleType):
-    """``torch`` with the gloo-capable average; everything else is torch's own."""
-
-    def __init__(self):
-        super().__init__("torch")
-        self.distributed = _Distributed()
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-VIEW = _TorchView()
-
+# ``torch`` with the gloo-capable average; everything else is torch's own
+VIEW = ModuleView(torch, distributed=ModuleView(torch.distributed, all_reduce=all_reduce))
 
 @implements("cpu.torch.gloo-average")
 def _gloo_average(patch: Patcher) -> None:

@@ -12,13 +12,12 @@ accelerator; with one, and every other name, it is torch's own.
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 from mcore_dapo.patching.import_hooks import after_import
 from mcore_dapo.patching.patcher import Patcher
 from mcore_dapo.patching.registry import implements
+from mcore_dapo.patching.views import ModuleView, factories
 
 MODULE = "verl.utils.megatron_utils"
 _FACTORIES = ("empty", "zeros", "ones", "full", "empty_like", "zeros_like", "ones_like", "full_like",
@@ -32,30 +31,13 @@ def has_accelerator() -> bool:
     return torch.cuda.is_available()
 
 
-def _unpinned(fn):
-    def factory(*args, **kwargs):
-        if kwargs.get("pin_memory") and not has_accelerator():
-            kwargs["pin_memory"] = False
-        return fn(*args, **kwargs)
-
-    factory.__name__ = fn.__name__
-    factory.__wrapped__ = fn
-    return factory
+def _unpinned(kwargs: dict) -> None:
+    if kwargs.get("pin_memory") and not has_accelerator():
+        kwargs["pin_memory"] = False
 
 
-class _TorchView(types.ModuleType):
-    """``torch`` whose factories take ``pin_memory=True`` without an accelerator (unpinned)."""
-
-    def __init__(self):
-        super().__init__("torch")
-        for name in _FACTORIES:
-            setattr(self, name, _unpinned(getattr(torch, name)))
-
-    def __getattr__(self, name):
-        return getattr(torch, name)
-
-
-VIEW = _TorchView()
+# ``torch`` whose factories take ``pin_memory=True`` without an accelerator (unpinned)
+VIEW = ModuleView(torch, **factories(torch, _FACTORIES, _unpinned))
 
 
 @implements("verl.cpu.offload-host-buffers")
