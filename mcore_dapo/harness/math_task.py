@@ -18,9 +18,8 @@ are right with probability :data:`P_TEACH` (0.5: independent of the prompt). Sam
 1 it answers ``Answer: 0`` or ``Answer: 1`` and is right about half the time, so nearly every group
 of responses mixes right and wrong (what filter_groups keeps); the rule itself (the parity of ``d``)
 is left for RL to learn. The tokenizer keeps the conventions of :mod:`mcore_dapo.harness.tiny_dapo`
-(``<|im_end|>`` = eos = id 254, ``<|endoftext|>`` = pad = id 255, ``\\n`` = 253, its chat template),
-so that its trainer overrides apply unchanged; drop its ``reward.custom_reward_function.*`` overrides
-to score with verl's default.
+(``<|im_end|>`` = eos = id 254, ``<|endoftext|>`` = pad = id 255, ``\\n`` = 253, its chat template);
+the trainer runs of :mod:`mcore_dapo.harness.tiny_dapo` train on these files with verl's default reward.
 """
 
 from __future__ import annotations
@@ -168,9 +167,10 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STEPS) -> dict:
+def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STEPS, p_right: float = P_TEACH) -> dict:
     """Model (taught, with the tokenizer) and the two data files in ``workdir``:
-    ``{"model": W/math-qwen3-moe, "train": W/train.parquet, "val": W/val.parquet}``, as tiny_dapo.prepare."""
+    ``{"model": W/math-qwen3-moe, "train": W/train.parquet, "val": W/val.parquet}``. ``p_right``: the share of
+    right answers in the taught targets (above 0.5 teaches part of the rule: a head start for RL)."""
     from mcore_dapo.harness.tiny import make_tiny_model
 
     workdir = Path(workdir)
@@ -178,9 +178,10 @@ def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STE
     model = workdir / "math-qwen3-moe"
     shutil.rmtree(model, ignore_errors=True)  # generated anew (seeded), never a stale copy
     extra = {"head_dim": VLLM_HEAD_DIM} if rollout == "vllm" else {}
-    # no pad_token_id in the config (tiny_dapo.prepare says why)
+    # no pad_token_id in the config: transformers would zero that embedding row and freeze it (padding_idx),
+    # Megatron trains every row (docs/VERL_PLUGIN.md: what the audit found)
     make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None, **extra)
-    teach(model, teach_steps)
+    teach(model, teach_steps, p_right=p_right)
     tokenizer().save_pretrained(model)
     return {"model": model, **write_files(workdir)}
 

@@ -208,10 +208,11 @@ def read_metrics(path: Path) -> list[dict]:
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
-        extra: tuple[str, ...] = ()) -> dict:
+        extra: tuple[str, ...] = (), teach_p: float | None = None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step.
-    ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on)."""
+    ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
+    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`)."""
     import shutil
 
     workdir = Path(workdir).absolute()
@@ -220,7 +221,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     shutil.rmtree(audit_dir, ignore_errors=True)
     from mcore_dapo.harness.math_task import prepare as prepare_math
 
-    files = prepare_math(workdir, rollout)
+    files = prepare_math(workdir, rollout, **({} if teach_p is None else {"p_right": teach_p}))
     log = workdir / "metrics.jsonl"
     log.unlink(missing_ok=True)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
@@ -300,10 +301,12 @@ def main(argv=None) -> int:
                     help="router replay (off, R2, R3); the rollout returns its routed experts for the "
                          "routing-agreement metric (actor/routing/rollout_agreement)")
     ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
+    ap.add_argument("--teach-p", type=float, default=None,
+                    help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after the scripts' (e.g. actor_rollout_ref.actor.use_kl_loss=True)")
     a = ap.parse_args(argv)
     result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
-                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides))
+                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides), teach_p=a.teach_p)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 
