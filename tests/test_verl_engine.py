@@ -35,6 +35,8 @@ def test_verl_engine_is_the_plugins(engine_update):
     got, _ = engine_update
     assert got["engine"] == "McoreDapoEngine"
     assert got["layout"] == "TP1 PP1 EP2 ETP1" and got["world_size"] == 2
+    # verl's enable_gradient_checkpointing (its default True) is Megatron's full recompute (model_settings)
+    assert got["recompute"] == ["full", "uniform", 1]
 
 
 def test_verl_engine_dapo_loss_and_grad_norm_match_reference(engine_update):

@@ -111,6 +111,9 @@ def test_model_settings_become_transformer_config_fields():
         {"attention_dropout": 0.1, "hidden_dropout": 0.2}
     assert ms.recompute(True, {}) == "full" and ms.recompute(False, {}) == "none"
     assert ms.recompute(True, {"recompute_granularity": "selective"}) == "none"  # the user's fields decide
+    # verl's defaults: null granularity and method, recompute_modules ["core_attn"] (inert without a granularity)
+    assert ms.recompute(True, {"recompute_granularity": None, "recompute_method": None,
+                               "recompute_modules": ["core_attn"]}) == "full"
     assert ms.sequence_parallel(True, 1, True, "m") is False and ms.sequence_parallel(True, 2, True, "m") is True
     assert ms.freeze_moe_router({"moe_config": {"freeze_moe_router": True}}, "m") is True
     assert ms.freeze_moe_router(None, "m") is False

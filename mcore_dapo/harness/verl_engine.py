@@ -182,6 +182,9 @@ def run(a) -> dict:
                   "metrics": {k: float(v) for k, v in scalar.items() if isinstance(v, (int, float))},
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
                   "layout": engine.mapping.layout.describe(), "tensors_synced": len(received),
+                  # what the engine built from verl's model keys (model_settings): full recompute by default
+                  "recompute": [engine.tf_config.recompute_granularity, engine.tf_config.recompute_method,
+                                engine.tf_config.recompute_num_layers],
                   "rewards": batch["rewards"].tolist(), "rows": [rows.start, rows.stop],
                   "received_vs_engine": sync_diff, "received_dtype": str(engine.param_dtype),
                   "update_seconds": round(t_update, 3), "tokens": tokens,

@@ -223,6 +223,8 @@ def _build_tf_config(engine) -> None:
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
     engine.mapping = Bridge(cfg, Layout.from_megatron(engine.engine_config))
     fields, flags = split_overrides(engine.engine_config.override_transformer_config)
+    # verl's megatron.yaml declares fields as null (recompute_granularity, ...): not set, so the mapping's stand
+    fields = {k: v for k, v in fields.items() if v is not None}
     if flags and not adapter.takes_feature_flags():
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
@@ -231,9 +233,20 @@ def _build_tf_config(engine) -> None:
     # verl's own _build_tf_config sets the replay flag; this one replaces it (R2/R3 would be silently off)
     fields = {**fields, **config_fields(cfg, str(engine.engine_config.router_replay.mode))}
     engine.mcore_dispatcher = fields.pop("moe_token_dispatcher_type", "alltoall")
+    from mcore_dapo.verl_plugin import model_settings
+
+    # verl's keys outside override_transformer_config (model_settings): honoured, the user's fields win
+    ec, layout = engine.engine_config, engine.mapping.layout
+    fields = {**model_settings.dropout_fields(engine.model_config.override_config), **fields}
+    engine.mcore_config_kw = dict(
+        recompute=model_settings.recompute(engine.model_config.enable_gradient_checkpointing,
+                                           ec.override_transformer_config),
+        sequence_parallel=model_settings.sequence_parallel(ec.sequence_parallel, layout.tp, cfg.is_moe,
+                                                           "megatron"))
+    engine.mcore_freeze_router = model_settings.freeze_moe_router(ec.override_mcore_model_config, "megatron")
     engine.mcore_overrides = fields = _attention_backend(fields, adapter)
-    tf = build_transformer_config(cfg, engine.mapping.layout, fields, dtype=dtype, aux_loss_coeff=0.0,
-                                  dispatcher=engine.mcore_dispatcher)
+    tf = build_transformer_config(cfg, layout, fields, dtype=dtype, aux_loss_coeff=0.0,
+                                  dispatcher=engine.mcore_dispatcher, **engine.mcore_config_kw)
     from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
 
     # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
@@ -269,8 +282,14 @@ def _build_megatron_module(engine):
     adapter = get_adapter()
     adapter.apply_patches()
     chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
-                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher)
+                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher,
+                             **engine.mcore_config_kw)
     engine._mcore_routing_metrics = {}
+    if engine.mcore_freeze_router:  # override_mcore_model_config.moe_config.freeze_moe_router, as verl's
+        from mcore_dapo.verl_plugin.router_replay import model_routers
+
+        for _, router in model_routers(chunks):
+            router.weight.requires_grad_(False)
     if engine.mapping.cfg.is_moe:  # routing agreement, from the routing maps the routers return
         from mcore_dapo.verl_plugin.router_replay import RouteProbe
 

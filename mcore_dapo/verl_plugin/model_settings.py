@@ -3,7 +3,7 @@ honoured on this plugin's engine or refused in one line, never ignored.
 
 * ``actor_rollout_ref.model.enable_gradient_checkpointing`` (verl's default True): Megatron's full recompute
   (``recompute_granularity=full``, ``uniform``, one layer a chunk), unless ``override_transformer_config``
-  sets a ``recompute_*`` field, which wins.
+  sets ``recompute_granularity``; then its recompute fields decide.
 * ``actor_rollout_ref.model.override_config``: on the FSDP path these override the HF config. The dropouts
   reach the TransformerConfig: ``attention_dropout`` -> ``attention_dropout``; ``resid_pdrop`` and
   ``embd_pdrop`` -> ``hidden_dropout`` (Megatron has one dropout for the residual and the embedding, so they
@@ -76,8 +76,10 @@ def freeze_moe_router(override_mcore_model_config, where: str) -> bool:
 
 def recompute(enable_gradient_checkpointing: bool, overrides) -> str:
     """``full`` when verl asks for gradient checkpointing and ``override_transformer_config`` sets no
-    ``recompute_*`` field (then those fields decide, as the user wrote them); else ``none``."""
-    if any(str(k).startswith("recompute_") for k in _plain(overrides)):
+    ``recompute_granularity`` (else its recompute fields decide, as the user wrote them); else ``none``."""
+    # verl's megatron.yaml declares recompute_granularity null (and recompute_modules, which acts only with a
+    # granularity): a granularity the user set decides
+    if _plain(overrides).get("recompute_granularity") is not None:
         return "none"
     return "full" if enable_gradient_checkpointing else "none"
 
