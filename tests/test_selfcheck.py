@@ -25,7 +25,7 @@ def test_every_step_on_the_cpu(tmp_path):
     for name in ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "dapo_update"):
         assert steps[name]["verdict"] == "pass", steps[name]
     mvh = steps["megatron_vs_hf"]["result"]
-    assert mvh["max_abs_diff"] < 1e-4 and mvh["grad_max_rel_err"] < 1e-4 and mvh["loss_rel_diff"] < 1e-5, mvh
+    assert mvh["max_abs_diff"] < 1e-4 and mvh["grad_max_rel_err"] < 1e-4 and mvh["loss_rel_diff"] < 2e-6, mvh
     assert mvh["grads_compared"] == mvh["grads_reference"] > 0
     assert steps["convert_roundtrip"]["result"]["bit_exact"] and steps["export"]["result"]["bit_exact"]
     update = steps["dapo_update"]["result"]

@@ -37,16 +37,16 @@ def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, r
     files = {"model": tmp_path / "m", "train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet"}
     cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay))
     # the scripts' arguments under the same per-device variables (what a device script sets before common.sh)
-    script = _args(t.script_args(t.script_env(files, tmp_path, "hf_cpu"), t.layout_overrides(2), replay))
+    script = _args(t.script_args(t.script_env(files, tmp_path), t.layout_overrides(2), replay))
     changes = t.cpu_changes(files, tmp_path, 4, 1e-3, "hf_cpu")
     differ = {k for k in set(cpu) | set(script) if cpu.get(k) != script.get(k)}
     assert differ - set(changes) == set(), sorted(differ - set(changes))
-    assert {kind for _, kind in changes.values()} <= {t.SIZES, t.PATHS, t.COUNTS, t.ROLLOUT_CPU, t.PACKING}
+    assert {kind for _, kind in changes.values()} <= {t.SIZES, t.COUNTS, t.ROLLOUT_CPU, t.PACKING}
     # the variables the CPU run sets are the device scripts' own knobs
     knobs = set()
     for script_file in (t.SCRIPT.parent.parent).glob("dapo_qwen3_30b_*.sh"):
         knobs |= set(re.findall(r"^([A-Z_]+)=", script_file.read_text(), re.M))
-    assert set(t.script_env(files, tmp_path, "hf_cpu")) <= knobs
+    assert set(t.script_env(files, tmp_path)) <= knobs
     # the production settings of the scripts, on in the CPU run
     a = "actor_rollout_ref.actor"
     assert cpu[f"{a}.use_dynamic_bsz"] == "True" and cpu[f"{a}.megatron.param_offload"] == "True"

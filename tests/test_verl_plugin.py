@@ -87,6 +87,8 @@ def test_dry_run_valid(script, want, logger, tmp_path):
      "actor_rollout_ref.actor.megatron.sequence_parallel=False with tensor_model_parallel_size=2"),
     (["+actor_rollout_ref.actor.megatron.override_mcore_model_config.share_embeddings=True"],
      "override_mcore_model_config.share_embeddings is not honoured: accepted is moe_config.freeze_moe_router"),
+    (["actor_rollout_ref.actor.megatron.use_distributed_optimizer=False"],
+     "param_offload=True with use_distributed_optimizer=False: verl's offload needs the distributed optimizer"),
 ])
 def test_dry_run_invalid(overrides, message):
     p = dry_run("dapo_qwen3_30b_h100.sh", *overrides)

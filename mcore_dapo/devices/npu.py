@@ -134,11 +134,12 @@ class NpuAdapter(DeviceAdapter):
             return
         if not self._prepared:
             self.prepare()
-        if self._applied_flags is not None and self._model_parallel_initialised:
-            differ = sorted(k for k in set(_feature_flags(flags)) | set(_feature_flags(self._applied_flags))
-                            if _feature_flags(flags).get(k) != _feature_flags(self._applied_flags).get(k))
+        if self._applied_flags is not None:
+            asked, applied = _feature_flags(flags), _feature_flags(self._applied_flags)
+            differ = sorted(k for k in set(asked) | set(applied) if asked.get(k) != applied.get(k))
             if not differ:
                 return
+        if self._applied_flags is not None and self._model_parallel_initialised:
             raise MindSpeedOrderError(
                 f"MindSpeed feature flags {differ} differ from those this process applied before "
                 "initialize_model_parallel: give the actor and the reference the same MindSpeed flags"

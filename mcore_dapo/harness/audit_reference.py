@@ -142,6 +142,7 @@ def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
     spacing away (rounding to it alone is half a step), the largest difference, and the share of the
     engine's weights the update moved (``hf`` against ``hf-after``)."""
     from mcore_dapo.bridge.qwen3 import hub_slices
+    from mcore_dapo.harness.verl_dapo import beyond_one_step
     from mcore_dapo.io.hf_reader import HFReader
 
     beyond = moved = total = 0
@@ -150,11 +151,7 @@ def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
         for name, main in adam.main.items():
             for hub, index in hub_slices(name, tuple(main.shape)).items():
                 got, ref, start = after.get(hub), main.detach()[index], pre.get(hub)
-                _, exp = torch.frexp(ref)
-                # the engine dtype's spacing at |ref| (in [2^(exp-1), 2^exp): 2^(exp-1) * eps)
-                step = torch.ldexp(torch.full_like(ref, torch.finfo(got.dtype).eps), exp - 1)
-                far = (got.float() - ref).abs() > step
-                beyond += int(far.sum())
+                beyond += int(beyond_one_step(got, ref).sum())
                 moved += int((got != start.to(got.dtype)).sum())
                 total += got.numel()
                 worst = max(worst, float((got.float() - ref).abs().max()))
@@ -179,6 +176,9 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32) -> list[dict
                 model = AutoModelForCausalLM.from_pretrained(str(f / "hf"), dtype=torch.float32)
                 adam = ReferenceAdam(model, part["optimizer"])
                 del model
+            if len(part.get("lrs", [part["lr"]])) != 1:
+                raise ValueError(f"{f.name}: the update made {len(part['lrs'])} optimizer steps (several mini-batches "
+                                 "or epochs); the reference chains one step per audited update")
             adam.step(grads, part["lr"])
             r.update(lr=part["lr"], **weights_after(f, adam))
         out.append(r)

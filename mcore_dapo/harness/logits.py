@@ -125,6 +125,14 @@ def backward(a, chunks, tf, bridge, info, tokens, ref, device) -> dict:
     from mcore_dapo.resharding import WeightExporter
     from mcore_dapo.runtime.forward import run_schedule
 
+    from mcore_dapo.errors import UserError
+
+    # the reference's loss runs over as many logits as the model's padded output layer has
+    padded = ref.get("padded_vocab") or bridge.cfg.vocab_size
+    if padded != bridge.dims.padded_vocab_size:
+        raise UserError(f"the reference's loss is over {padded} logits, the model pads its vocabulary to "
+                        f"{bridge.dims.padded_vocab_size}: make the reference with --padded-vocab "
+                        f"{bridge.dims.padded_vocab_size}")
     ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=False)
     chunks = [DistributedDataParallel(config=tf, ddp_config=ddp, module=c) for c in chunks]
     tf.finalize_model_grads_func = finalize_model_grads
@@ -135,9 +143,6 @@ def backward(a, chunks, tf, bridge, info, tokens, ref, device) -> dict:
     loss = _reduced([sum(x.item() for x in losses) / len(losses) if losses else -1.0], device)[0]
     out = {"train_loss": loss, "reference_loss": ref["loss"],
            "loss_rel_diff": abs(loss - ref["loss"]) / max(abs(ref["loss"]), 1e-30)}
-    if ref.get("padded_vocab") not in (None, bridge.dims.padded_vocab_size):
-        raise ValueError(f"the reference's loss is over {ref['padded_vocab']} logits, the model pads to "
-                         f"{bridge.dims.padded_vocab_size}")
     exporter = WeightExporter(chunks, bridge, info, tensors=lambda p: p.main_grad)
     worst, worst_l2, compared, missing, finite = (0.0, ""), (0.0, ""), 0, [], True
     diff_sq = ref_sq = 0.0

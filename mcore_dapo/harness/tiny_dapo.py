@@ -91,14 +91,15 @@ def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None
 SCRIPT = Path(__file__).resolve().parents[2] / "configs" / "dapo" / "common.sh"
 
 # What the CPU run changes of configs/dapo/common.sh's DAPO_ARGS, by key, and why. Only these kinds:
-# sizes (lengths, batch sizes, n, token budgets, steps), paths, device and process counts, the rollout's
-# CPU-only settings, and packing (no packed attention without Transformer Engine). Everything else is the
-# scripts' (tests/test_verl_trainer.py fails on any other difference).
-SIZES, PATHS, COUNTS, ROLLOUT_CPU, PACKING = "size", "path", "device and process counts", "rollout on the CPU", "packing"
+# sizes (lengths, batch sizes, n, token budgets, steps), device and process counts, the rollout's CPU-only
+# settings, and packing (no packed attention without Transformer Engine); paths come in through the
+# scripts' own variables (script_env). Everything else is the scripts' (tests/test_tiny_dapo_cli.py fails
+# on any other difference).
+SIZES, COUNTS, ROLLOUT_CPU, PACKING = "size", "device and process counts", "rollout on the CPU", "packing"
 TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
 
 
-def script_env(files: dict, workdir: Path, rollout: str) -> dict:
+def script_env(files: dict, workdir: Path) -> dict:
     """The variables a device script sets before sourcing common.sh, for the CPU run."""
     return {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
             "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": "1",
@@ -181,7 +182,7 @@ def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1
               rollout: str = "hf_cpu", router_replay: str | None = None) -> list[str]:
     """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
     mode = router_replay if router_replay in ("R2", "R3") else None
-    args = script_args(script_env(files, workdir, rollout), layout_overrides(ep), mode)
+    args = script_args(script_env(files, workdir), layout_overrides(ep), mode)
     changes = cpu_changes(files, workdir, steps, lr, rollout)
     out, seen = [], set()
     for arg in args:
@@ -210,7 +211,8 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
         extra: tuple[str, ...] = (), teach_p: float | None = None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
-    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets both gradient norms per step.
+    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets, per step, the engine's and the
+    reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
     the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`)."""
     import shutil
@@ -249,33 +251,33 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
 
 
 def run_bounded(cmd: list[str], workdir: Path, env: dict, timeout: float, steps: int) -> tuple[int | None, str | None]:
-    """Run verl's trainer in its own process group; past ``timeout`` every process of it (Ray's too) is killed
-    and the reason comes back as one line: verl 0.9.1 ignores ``max_num_gen_batches``, so a run whose groups all
-    score alike regenerates without end."""
-    import signal
+    """Run verl's trainer in its own session; past ``timeout`` it is stopped with every process it started
+    (Ray's too), and the reason comes back as one line: verl 0.9.1 ignores ``max_num_gen_batches``, so a run
+    whose groups all score alike regenerates without end."""
+    from mcore_dapo.runtime.launch import run_session
 
     with open(workdir / "train.log", "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=workdir, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout), None
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None, (f"verl's trainer did not finish {steps} steps in {timeout:.0f} s and was stopped (with "
-                          "filter_groups, verl 0.9.1 regenerates without end while every group scores alike; see "
-                          f"{workdir / 'train.log'})")
+        returncode = run_session(cmd, env, out, timeout, cwd=workdir)
+    if returncode is not None:
+        return returncode, None
+    return None, (f"verl's trainer did not finish {steps} steps in {timeout:.0f} s and was stopped (with "
+                  "filter_groups, verl 0.9.1 regenerates without end while every group scores alike; see "
+                  f"{workdir / 'train.log'})")
 
 
 def per_step(result: dict) -> list[dict]:
     """Per step: verl's score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp|."""
+    from mcore_dapo.metrics.plot import validation_accuracy_key
+
     rows = [r["data"] for r in read_metrics(Path(result["metrics_log"]))]
+    val = validation_accuracy_key({"run": dict(enumerate(rows))})
     audit = result.get("audit") or []
     return [{"step": i + 1, "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
              "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
              "evicted": m.get("training/filter_groups/evicted_samples", 0),
              "rollout_vs_actor": m.get("training/rollout_probs_diff_max"),
              "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step"),
-             "val_acc": next((v for k, v in m.items() if k.startswith("val-core/") and "/acc/" in k), None)}
+             "val_acc": m.get(val) if val else None}
             for i, m in enumerate(rows)]
 
 

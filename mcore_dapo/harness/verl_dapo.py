@@ -195,15 +195,21 @@ def reference(a) -> dict:
     return result
 
 
+def beyond_one_step(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Where ``got`` (a half-precision tensor) is more than one step of its dtype's spacing at |ref| from
+    the fp32 ``ref`` (rounding to that dtype alone is at most half a step)."""
+    _, exp = torch.frexp(ref)  # |ref| in [2^(exp-1), 2^exp): spacing 2^(exp-1) * eps
+    step = torch.ldexp(torch.full_like(ref, torch.finfo(got.dtype).eps), exp - 1)
+    return (got.float() - ref).abs() > step
+
+
 def half_precision_agreement(received: dict, updated, start) -> dict:
     """For weights received in bf16: how many elements are more than one bf16 step away from the
     fp32 reference update (rounding alone gives at most half a step), and how many the update moved."""
     beyond = moved = total = 0
     for name, t in received.items():
         ref = updated.read_weight(name).float()
-        _, exp = torch.frexp(ref)
-        step = torch.ldexp(torch.ones_like(ref), exp - 8)  # bf16 spacing at |ref|
-        beyond += int(((t.float() - ref).abs() > step).sum())
+        beyond += int(beyond_one_step(t, ref).sum())
         moved += int((t != start.read_weight(name).to(t.dtype)).sum())
         total += t.numel()
     return {"bf16_beyond_one_step": beyond / total, "bf16_moved": moved / total}

@@ -53,7 +53,7 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
                     "PYTHONWARNINGS": "ignore", **(env or {})}
         log = Path(tmp) / "output.log"
         with open(log, "w") as sink:
-            returncode = _run_session(cmd, full_env, None if stream else sink, timeout)
+            returncode = run_session(cmd, full_env, None if stream else sink, timeout)
         if returncode != 0 or not out.is_file():
             tail = "" if stream else "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             what = "timed out" if returncode is None else f"failed with exit code {returncode}"
@@ -96,12 +96,13 @@ def finish_worker(result: dict | None, out: str | None) -> int:
     return 0
 
 
-def _run_session(cmd: list[str], env: dict, sink, timeout: float | None) -> int | None:
-    """``cmd`` in a new session; its exit code (None past ``timeout``); then the whole session killed."""
+def run_session(cmd: list[str], env: dict, sink, timeout: float | None, cwd=None) -> int | None:
+    """``cmd`` in a new session, its output to ``sink`` (a file; None: this terminal); its exit code (None
+    past ``timeout``); then every process of the session killed (Ray's and torchrun's helpers too)."""
     import signal
 
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if sink else None, env=env,
-                            start_new_session=True)
+                            start_new_session=True, cwd=cwd)
     try:
         returncode = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:

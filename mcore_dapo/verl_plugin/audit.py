@@ -75,7 +75,7 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     grad_norm = metrics.get("grad_norm")
     engine.bridge.save_weights(engine.module, folder / "hf-after")  # the weights the update left
     torch.save({"batch": batch, "grad_norm": None if grad_norm is None else float(grad_norm),
-                "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None,
+                "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None, "lrs": lrs,
                 "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers},
                folder / f"rank{rank:03d}.pt")
     return out

@@ -92,7 +92,12 @@ def main(argv=None) -> int:
             if os.environ.get("MCORE_DAPO_CONFIG_OUT"):
                 from omegaconf import OmegaConf
 
-                OmegaConf.save(composed, os.environ["MCORE_DAPO_CONFIG_OUT"])
+                target = os.environ["MCORE_DAPO_CONFIG_OUT"]
+                try:
+                    OmegaConf.save(composed, target)
+                except OSError as e:
+                    raise UserError(f"MCORE_DAPO_CONFIG_OUT={target!r} cannot be written ({e.strerror}): "
+                                    "accepted is a file path in a writable folder") from None
             sizes.update(expected_stack(sizes.get("device")))
             if "expected_stack" in sizes:
                 print(f"expects on {sizes['device']}: "

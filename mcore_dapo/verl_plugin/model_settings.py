@@ -102,4 +102,10 @@ def check(c, cfg) -> None:
             continue
         mc, where = node.megatron, f"actor_rollout_ref.{role}.megatron"
         freeze_moe_router(mc.get("override_mcore_model_config"), where)
+        if role == "actor" and mc.get("param_offload") and not mc.get("use_distributed_optimizer", True):
+            # verl's offload frees the DDP buffers' param_data, which Megatron allocates for the distributed
+            # optimizer only (megatron/core/distributed/param_and_grad_buffer.py)
+            raise UserError(f"{where}.param_offload=True with use_distributed_optimizer=False: verl's offload needs "
+                            "the distributed optimizer's parameter buffers; accepted is use_distributed_optimizer=True "
+                            "(verl's default) or param_offload=False")
         sequence_parallel(bool(mc.get("sequence_parallel", True)), int(mc.tensor_model_parallel_size), cfg.is_moe, where)
