@@ -1,6 +1,13 @@
 """A DAPO policy update through verl's own Megatron engine path (ActorRolloutRefWorker ->
 TrainingWorker -> McoreDapoEngine.forward_backward_batch with verl's ppo_loss), EP2 on
-2 processes under gloo, bf16 as verl runs it; against an fp32 HF reference in one process."""
+2 processes under gloo, bf16, the distributed optimizer and full recompute as verl runs them; against an
+fp32 HF reference in one process.
+
+What the main update leaves off, and why: it is one update on a fixed batch set against a one-process
+reference update, so the launch scripts' LR warm-up (whose first step applies learning rate 0: nothing to
+compare) and dynamic batch sizes (the reference takes the batch whole) are off here; offload is the
+`--offload` run below (the same update with and without it, exactly equal); the scripts' whole
+configuration, warm-up and dynamic batches included, is tests/test_verl_trainer.py's."""
 
 import json
 import subprocess

@@ -137,7 +137,8 @@ def run(a) -> dict:
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
-    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding)
+    # the distributed optimizer, as verl's default and the launch scripts run it
+    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding, dist_optimizer=True)
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
     bs = len(data)
     # the old policy: verl's compute_log_prob (infer_batch), then noise so that all clip ranges act
