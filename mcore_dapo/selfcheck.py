@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.bridge import Bridge, Layout, load_hf_config
 from mcore_dapo.errors import UserError
 
 REAL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "models" / "qwen3-30b-a3b"
@@ -126,8 +126,6 @@ class SelfCheck:
             make_tiny_model(model, seed=0, head_dim=CPU_HEAD_DIM)
         cfg = load_hf_config(model)
         self.layout = choose_layout(cfg, self.nproc)
-        from mcore_dapo.bridge import Bridge
-
         # the reference's training loss runs over the logits of the layout's padded output layer
         padded = Bridge(cfg, self.layout).dims.padded_vocab_size
         seq = "64" if self.accelerator else "16"

@@ -33,20 +33,20 @@ TRAIN_BSZ, N = 4, 4
 WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
 
 
-def chatml_tokenizer(words=None):
-    """A word-level tokenizer over the tiny vocabulary, ``t0`` .. ``t252`` plus the ChatML pieces verl's
-    Qwen handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn). ``words``: another
-    253 words for ids 0 .. 252 (the ChatML ids stay); then words split at whitespace only, so that a
-    word may hold punctuation (``Answer:``), and an unknown word reads as the first one."""
+def chatml_tokenizer(words: list[str]):
+    """A word-level tokenizer: ``words`` (253 of them) for ids 0 .. 252 plus the ChatML pieces verl's Qwen
+    handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn, ``<|endoftext|>`` as pad). Words
+    split at whitespace only, so that a word may hold punctuation (``Answer:``); an unknown word reads as the
+    first one."""
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    if words is not None and len(set(words)) != WORDS:
+    if len(set(words)) != WORDS:
         raise ValueError(f"chatml_tokenizer needs {WORDS} distinct words, got {len(set(words))}")
-    vocab = {w: i for i, w in enumerate(words)} if words is not None else {f"t{i}": i for i in range(WORDS)}
+    vocab = {w: i for i, w in enumerate(words)}
     vocab.update({"\n": NEWLINE, "<|im_end|>": IM_END, "<|endoftext|>": PAD})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0] if words is not None else "t0"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace() if words is None else pre_tokenizers.WhitespaceSplit()
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True),
                             AddedToken("\n", special=False, normalized=False)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
@@ -58,7 +58,7 @@ ROLLOUTS = ("hf_cpu", "vllm")
 VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
 
 
-REPLAY_MODES = {"off": "disabled", "R2": "R2", "R3": "R3"}
+REPLAY_MODES = ("off", "R2", "R3")  # --router-replay; the mode itself is the scripts' ROUTER_REPLAY
 
 
 # rollouts that return the routed experts of what they generate on the CPU (vLLM's CPU build cannot:
