@@ -10,7 +10,7 @@ from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
 
 
-@pytest.mark.cpu_only
+@pytest.mark.no_accelerator  # asserts that this host has no CUDA or NPU device
 def test_cpu_is_detected_here_and_overridable(monkeypatch):
     from mcore_dapo.devices import detect
 
