@@ -32,9 +32,6 @@ class RunLog:
     malformed: int = 0
     duplicates: int = 0
 
-    def series(self, key: str) -> list[tuple[int, float]]:
-        return [(s, m[key]) for s, m in sorted(self.steps.items()) if key in m]
-
 
 NUMPY_SCALAR = re.compile(r"^np\.(?:float|int|uint)\d*\((.*)\)$")  # numpy 2's repr: np.float64(0.375)
 

@@ -99,10 +99,6 @@ class ExportPlan:
         return [(p.name, p.shape, b.dtype) for b in self.buckets for p in b.pieces()]
 
     @property
-    def num_tensors(self) -> int:
-        return sum(len(b.pieces()) for b in self.buckets)
-
-    @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
 
