@@ -66,6 +66,20 @@ def supported(installed: dict) -> list[dict]:
     return out
 
 
+def stack_pair(installed: dict) -> dict:
+    """torch x megatron-core as a pair: the tested pair it belongs to, or why not (mcore_dapo.versions.PAIRS)."""
+    from mcore_dapo import versions
+
+    torch, mcore = installed["torch"], installed["megatron-core"]
+    out = {"torch": torch, "megatron-core": mcore, "tested": [str(p) for p in versions.PAIRS]}
+    if "absent" in (torch, mcore):
+        return {**out, "ok": False, "why_not": "torch and megatron-core are not both installed"}
+    pair = versions.supported_pair(torch, mcore)
+    if pair is None:
+        return {**out, "ok": False, "why_not": versions.unsupported_pair(torch, mcore)}
+    return {**out, "ok": True, "pair": str(pair), "tested_by": pair.tested_by}
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -88,6 +102,7 @@ def collect(device: str | None = None) -> dict:
     stack, missing = stack_report(adapter)
     return {
         "supported": supported(versions),
+        "stack_pair": stack_pair(versions),
         "mcore_dapo": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -111,6 +126,9 @@ def render(info: dict) -> str:
     lines += ["", "supported stack:"]
     lines += [f"  {s['package']:20s} {s['installed']:14s} {s['supported']:16s} "
               f"{'ok' if s['ok'] else 'NOT SUPPORTED'}" for s in info["supported"]]
+    pair = info["stack_pair"]
+    lines.append(f"  {'as a pair':20s} torch {pair['torch']} with megatron-core {pair['megatron-core']}: "
+                 + (f"ok (tested: {pair['tested_by']})" if pair["ok"] else f"NOT SUPPORTED: {pair['why_not']}"))
     lines += ["", f"patches for {info['device']}:"]
     if not info["patches"]:
         lines.append("  none")

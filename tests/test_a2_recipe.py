@@ -76,7 +76,7 @@ def test_a2_script_dry_run_names_the_stack_it_expects():
 
 
 def test_unsupported_verl_line_names_why_and_the_upgrade_path():
-    from mcore_dapo.verl_plugin import SUPPORTED_VERL
+    from mcore_dapo.versions import SUPPORTED_VERL
     from mcore_dapo.verl_plugin.config_checks import unsupported_verl
 
     old = unsupported_verl("0.6.1", SUPPORTED_VERL)

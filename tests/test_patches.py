@@ -160,7 +160,8 @@ assert registry.applied_ids() == ["verl.cpu.process-group", "verl.cpu.vllm-cpu-d
                                  "verl.cpu.offload-keeps-host-params"], registry.applied_ids()
 from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
 import verl.utils.distributed as vd
-from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
+from mcore_dapo.verl_plugin import verl_version_ok
+from mcore_dapo.versions import SUPPORTED_VERL
 assert {s.versions for s in registry.load_manifest().values() if s.package == "verl"} == {SUPPORTED_VERL}
 assert [verl_version_ok(v) for v in ("0.9.0", "0.9.1", "0.9.2.dev0", "0.10.0rc1", "0.10.0")] == [
     False, True, True, False, False]

@@ -1,7 +1,10 @@
-"""Supported versions: one line naming the installed version and the ranges; checkpoints of an unsupported
-Megatron refused before anything is written. No Megatron process is started."""
+"""Supported versions: one line naming the installed version and the ranges; torch and megatron-core checked
+as a tested pair; checkpoints of an unsupported Megatron refused before anything is written. No Megatron
+process is started."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -40,6 +43,52 @@ def test_this_stack_is_supported_and_env_says_so():
     assert set(stack) == {"torch", "megatron-core", "verl"}
     assert all(s["ok"] for s in stack.values()), stack
     assert stack["megatron-core"]["installed"] == versions.installed("megatron-core")
+    pair = collect("cpu")["stack_pair"]
+    assert pair["ok"] and pair["pair"] in {str(p) for p in versions.PAIRS}, pair
+
+
+def test_importing_versions_imports_no_verl_and_registers_nothing():
+    """In a clean process: no other module of the project, no verl (whose plugin import registers the
+    platform and applies patches), no torch or Megatron."""
+    out = subprocess.run([sys.executable, "-c", (
+        "import sys, mcore_dapo.versions as v; v.supported_range('verl'); v.is_supported('verl', '0.9.1');"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcore_dapo', 'verl', 'torch', 'megatron', "
+        "'transformers', 'ray')))")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['mcore_dapo', 'mcore_dapo.versions']"
+
+
+TESTED_PAIRS = ("torch 2.13.0 with megatron-core 0.16.1, torch 2.11.0 with megatron-core 0.16.1, "
+                "torch 2.7.1 with megatron-core 0.12.1 (later patch releases of these lines too)")
+
+
+@pytest.mark.parametrize("torch,mcore,hint", [
+    ("2.13.0+cpu", "0.12.1", "; with torch 2.13 install megatron-core==0.16.1"),  # fails in dist-ckpt's writer
+    ("2.7.1", "0.16.1", "; with torch 2.7 install megatron-core==0.12.1"),
+    ("2.9.0", "0.14.0", ""),  # each package inside its range, the pair untested
+    ("2.13.0", "0.16.0", "; with torch 2.13 install megatron-core==0.16.1"),  # before the tested patch release
+])
+def test_an_untested_pair_is_refused_in_one_line_naming_the_tested_pairs(torch, mcore, hint):
+    with pytest.raises(UserError) as e:
+        versions.check_pair(torch, mcore)
+    assert str(e.value) == f"torch {torch} with megatron-core {mcore} is not a tested pair: tested are " \
+                           f"{TESTED_PAIRS}{hint}"
+
+
+@pytest.mark.parametrize("torch,mcore", [("2.13.0+cpu", "0.16.1"), ("2.13.1", "0.16.2"), ("2.7.1", "0.12.1"),
+                                         ("2.7.1+cpu", "0.12.1"), ("2.11.0a0+nv", "0.16.1")])
+def test_the_tested_pairs_and_their_patch_releases_are_accepted(torch, mcore):
+    versions.check_pair(torch, mcore)
+
+
+def test_env_reports_an_untested_pair_as_not_supported():
+    from mcore_dapo.env import render, stack_pair
+
+    info = collect("cpu")
+    info["stack_pair"] = stack_pair({"torch": "2.13.0", "megatron-core": "0.12.1"})
+    assert not info["stack_pair"]["ok"]
+    assert (f"torch 2.13.0 with megatron-core 0.12.1: NOT SUPPORTED: torch 2.13.0 with megatron-core 0.12.1 is "
+            f"not a tested pair: tested are {TESTED_PAIRS}") in render(info)
 
 
 def test_env_reports_which_patches_apply_to_this_stack():
@@ -85,6 +134,21 @@ def test_converters_refuse_an_unsupported_megatron_before_writing(tiny_moe, tmp_
     with pytest.raises(UserError, match=r"^megatron-core 0.11.0 is not supported: supported is "
                                         r"megatron-core>=0.12.1,<0.17 \(tested: 0.16.1 and 0.12.1\)$"):
         hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_converters_refuse_an_untested_pair_before_writing(tiny_moe, tmp_path, monkeypatch):
+    """The other line's megatron-core under this torch (torch 2.13 with 0.12.1 failed in dist-ckpt's writer)."""
+    from mcore_dapo.bridge import Layout
+    from mcore_dapo.convert.api import hf2mcore
+
+    real = versions.installed
+    other = "0.12.1" if versions.megatron_version() >= (0, 16, 0) else "0.16.1"
+    monkeypatch.setattr(versions, "installed", lambda p: other if p == "megatron-core" else real(p))
+    with pytest.raises(UserError) as e:
+        hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    assert str(e.value).startswith(f"torch {real('torch')} with megatron-core {other} is not a tested pair: "
+                                   f"tested are {TESTED_PAIRS}")
     assert list(tmp_path.iterdir()) == []
 
 

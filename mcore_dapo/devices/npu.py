@@ -60,7 +60,7 @@ STACK = (
                      "git clone -b 26.1.0_core_r0.12.1 <MindSpeed> && pip install -e MindSpeed"),
     StackRequirement("megatron-core", ("0.12.1",), MINDSPEED_QS,
                      "pip install megatron-core==0.12.1, and Megatron-LM core_v0.12.1 on PYTHONPATH"),
-    StackRequirement("verl", ("0.9.1",), "mcore_dapo.verl_plugin.SUPPORTED_VERL", "pip install verl==0.9.1"),
+    StackRequirement("verl", ("0.9.1",), "mcore_dapo.versions.SUPPORTED_VERL", "pip install verl==0.9.1"),
     StackRequirement("vllm", ("0.11.0",), VERL_QS,
                      "git clone -b v0.11.0 <vllm> && VLLM_TARGET_DEVICE=empty pip install -e vllm"),
     StackRequirement("vllm-ascend", ("0.11.0rc1", "0.11.0"), VERL_QS,

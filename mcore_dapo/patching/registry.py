@@ -21,9 +21,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Callable
 
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
-
+from mcore_dapo import versions
 from mcore_dapo.patching.patcher import Patcher
 
 try:
@@ -114,9 +112,7 @@ def load_manifest(path: Path | None = None) -> dict[str, PatchSpec]:
     return specs
 
 
-def version_in(version: str, versions: str) -> bool:
-    """Whether ``version`` lies in the range ``versions`` (development builds of it included)."""
-    return SpecifierSet(versions).contains(Version(version), prereleases=True)
+version_in = versions.version_in  # one rule for a version in a range, the patches' and the stack's
 
 
 # --------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 verl imports this module (entry point group ``verl.plugins``) at ``import verl``.
 It does light work only, and never imports Megatron (MindSpeed must come first on Ascend):
 
-* checks verl's version against :data:`SUPPORTED_VERL` (a warning here; the
+* checks verl's version against :data:`mcore_dapo.versions.SUPPORTED_VERL` (a warning here; the
   checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error; the
   manifest's verl patches carry the same range);
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
@@ -25,14 +25,12 @@ from __future__ import annotations
 import logging
 import sys
 
-SUPPORTED_VERL = ">=0.9.1,<0.10"  # a version specifier set; patches/manifest.toml's verl entries agree
+from mcore_dapo.versions import SUPPORTED_VERL, version_in
 
 log = logging.getLogger(__name__)
 
 
 def verl_version_ok(version: str) -> bool:
-    from mcore_dapo.patching.registry import version_in
-
     return version_in(version, SUPPORTED_VERL)
 
 

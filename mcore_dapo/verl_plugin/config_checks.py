@@ -16,7 +16,8 @@ PACKING = "actor_rollout_ref.model.use_remove_padding"  # True: verl packs seque
 
 
 def check_verl_version(version: str) -> None:
-    from mcore_dapo.verl_plugin import SUPPORTED_VERL, verl_version_ok
+    from mcore_dapo.verl_plugin import verl_version_ok
+    from mcore_dapo.versions import SUPPORTED_VERL
 
     if not verl_version_ok(version):
         raise UserError(unsupported_verl(version, SUPPORTED_VERL))
@@ -24,7 +25,7 @@ def check_verl_version(version: str) -> None:
 
 def unsupported_verl(version: str, supported: str) -> str:
     """One line: why this verl cannot run the plugin, and the upgrade path (docs/ASCEND.md, 'verl 0.6.x')."""
-    from mcore_dapo.patching.registry import version_in
+    from mcore_dapo.versions import version_in
 
     why = ""
     if version_in(version, "<0.9"):
