@@ -170,17 +170,35 @@ def test_cpu_platform_and_rollout_registered_on_a_cpu_torch():
 
 @pytest.mark.no_accelerator
 def test_cpu_platform_not_chosen_on_a_gpu_host_when_torch_has_cuda(monkeypatch, tmp_path):
+    """A GPU host whose CUDA_VISIBLE_DEVICES hides every device (torch.cuda.is_available() False, as on this
+    host): the adapters, verl's platform and the CPU patches all say CUDA host."""
     import torch
 
+    from mcore_dapo import devices
+    from mcore_dapo.patching.verl_cpu import process_group
     from mcore_dapo.verl_plugin import platform_cpu
 
-    assert platform_cpu.cpu_platform_applies()  # this host: no accelerator
-    monkeypatch.setattr(torch.version, "cuda", "12.8")
-    monkeypatch.setattr(platform_cpu, "ACCELERATOR_DRIVERS", (str(tmp_path),))  # a GPU driver present
-    assert not platform_cpu.cpu_only_torch() and not platform_cpu.cpu_platform_applies()
+    assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies() and platform_cpu.on_cpu()
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch
+    monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path))  # a GPU driver present
+    assert not torch.cuda.is_available()
+    assert devices.detect() == "cuda"
+    assert not platform_cpu.cpu_platform_applies() and not platform_cpu.on_cpu() and not process_group._on_cpu()
     # a CUDA build of torch on a host with no GPU at all (the Ascend stack's torch 2.7.1 here) computes on the CPU
-    monkeypatch.setattr(platform_cpu, "ACCELERATOR_DRIVERS", (str(tmp_path / "absent"),))
-    assert platform_cpu.cpu_platform_applies()
+    monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path / "absent"))
+    assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies() and process_group._on_cpu()
+
+
+def test_devices_and_verls_platform_agree_when_cuda_visible_devices_hides_every_device():
+    """In a clean process with CUDA_VISIBLE_DEVICES=\"\": the adapters' detection and the platform verl resolves
+    name the same device (cpu on a CPU host; cuda on a GPU host, where the two disagreed before)."""
+    code = ("from mcore_dapo.devices import detect; import verl; from verl.utils.device import get_device_name; "
+            "print(detect(), get_device_name())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert p.returncode == 0, p.stderr[-2000:]
+    detected, verl_device = p.stdout.split()[-2:]
+    assert verl_device == detected
 
 
 def test_rollout_sampling_rules(tmp_path):

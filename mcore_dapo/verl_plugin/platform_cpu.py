@@ -5,8 +5,8 @@ back to ``nvidia`` and calls ``torch.cuda``. This platform lets verl's trainer, 
 Megatron engine run on the CPU: device ``cpu``, collectives on gloo, trainer slots
 counted as Ray's logical ``GPU`` resource (start Ray with ``num_gpus`` = the slots).
 It is registered after verl's own platforms, so verl's auto-detection picks it only when no
-accelerator is found and torch is a CPU build or the host has no accelerator driver (or with
-``VERL_PLATFORM=cpu``). Memory queries
+accelerator is found and the project's one detection, :func:`mcore_dapo.devices.detect`, says ``cpu``
+(torch is a CPU build, or the host has no GPU driver and no torch_npu). Memory queries
 answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
 """
 
@@ -43,28 +43,11 @@ def _noop(*args, **kwargs) -> None:
     return None
 
 
-def cpu_only_torch() -> bool:
-    import importlib.util
-
-    return torch.version.cuda is None and torch.version.hip is None and importlib.util.find_spec("torch_npu") is None
-
-
-# what a host with an NVIDIA or AMD GPU has, whatever CUDA_VISIBLE_DEVICES hides from this process
-ACCELERATOR_DRIVERS = ("/proc/driver/nvidia", "/dev/kfd")
-
-
-def no_accelerator_host() -> bool:
-    """A host without a GPU driver and without torch_npu: here a CUDA build of torch (the torch 2.7.1
-    wheel of the package index is one) computes on the CPU too."""
-    import importlib.util
-    import os
-
-    return (not torch.cuda.is_available() and importlib.util.find_spec("torch_npu") is None
-            and not any(os.path.exists(p) for p in ACCELERATOR_DRIVERS))
-
-
 def cpu_platform_applies() -> bool:
-    return cpu_only_torch() or no_accelerator_host()
+    """The device adapters' answer (:func:`mcore_dapo.devices.detect`): one notion of "on the CPU"."""
+    from mcore_dapo.devices import on_cpu as host_on_cpu
+
+    return host_on_cpu()
 
 
 def device_module() -> types.ModuleType:
@@ -123,7 +106,8 @@ def platform_class():
         def is_platform_available(self, use_smi_check=False) -> bool:
             # Probed after verl's own platforms. A CUDA or Ascend build of torch without a visible
             # device on a host that has one (a CPU-only Ray actor on a GPU node) keeps verl's
-            # fallback to ``nvidia``; on a host with no accelerator at all this platform answers.
+            # fallback to ``nvidia`` (devices.detect() is cuda there); on a host with no accelerator
+            # at all this platform answers.
             return cpu_platform_applies()
 
         def current_device(self):
@@ -204,8 +188,6 @@ def register() -> None:
 
 
 def on_cpu() -> bool:
-    """Whether verl resolved its platform to this one."""
-    from verl.utils.device import get_device_name
-
-    return get_device_name() == NAME
+    """Whether verl's platform is this one: the host computes on the CPU (:func:`mcore_dapo.devices.on_cpu`)."""
+    return cpu_platform_applies()
 

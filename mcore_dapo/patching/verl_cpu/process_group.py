@@ -20,7 +20,7 @@ MODULE = "verl.utils.distributed"
 
 
 def _on_cpu() -> bool:
-    from mcore_dapo.verl_plugin.platform_cpu import on_cpu
+    from mcore_dapo.devices import on_cpu
 
     return on_cpu()
 
