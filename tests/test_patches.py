@@ -19,6 +19,17 @@ def test_manifest_and_implementations_agree():
         assert spec.reason and spec.versions and spec.kind in ("replace", "wrap")
 
 
+def test_no_patch_imports_the_verl_plugin():
+    """The patches ask the device adapters whether this is the CPU (mcore_dapo.devices.on_cpu), never the plugin:
+    the plugin applies them, so importing it from a patch would be a circle."""
+    from pathlib import Path
+
+    import mcore_dapo.patching
+
+    root = Path(mcore_dapo.patching.__file__).parent
+    assert [str(p.relative_to(root)) for p in sorted(root.rglob("*.py")) if "verl_plugin" in p.read_text()] == []
+
+
 def test_version_gating(tmp_path):
     load_implementations()
     (tmp_path / "m.toml").write_text(
