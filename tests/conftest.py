@@ -49,6 +49,8 @@ BOTH_STACKS = (
     "tests/test_verl_trainer.py",
     "tests/test_mindspeed.py",  # the real MindSpeed 26.1.0_core_r0.12.1 needs the 0.12.1 line (skipped on main)
     "tests/test_a2_recipe.py",
+    "tests/test_fast_paths.py::test_te_grouped_mlp_parameters_and_checkpoint_keys_match_the_bridge",  # 0.12.1's sources
+    "tests/test_fast_paths.py::test_ascend_turns_on_mindspeeds_flags_where_their_conditions_hold",
 )
 
 

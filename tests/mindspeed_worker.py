@@ -63,6 +63,71 @@ def npu_is_cpu():
     return NpuIsCpu()
 
 
+def grouped_experts(adapter, bridge, sequential, hf_path: str) -> dict:
+    """The model with the NPU adapter's grouped GEMM (``moe_grouped_gemm`` from its fast paths): Megatron's
+    TEGroupedMLP on MindSpeed's grouped linear (``linear_fc1.weight{i}``, one parameter per local expert).
+    HF weights load through the bridge; its torch_dist shards (what ``dist_checkpointing`` saves and loads:
+    key, offset, global shape, data) equal those of the SequentialMLP model built above (``sequential``), so
+    either's checkpoint loads into the other; the exporter gives back the HF tensors bit for bit. (A torch_dist
+    save itself does not run here: MindSpeed's ``preload_tensors`` and Megatron's async writer need a device.)"""
+    import torch
+    from megatron.core.models.gpt import GPTModel
+
+    from mcore_dapo.bridge.megatron_config import build_transformer_config, gpt_model_kwargs
+    from mcore_dapo.io.dist_ckpt import _entries, sharded_state_dict
+    from mcore_dapo.io.hf_reader import HFReader
+    from mcore_dapo.resharding import WeightExporter
+    from mcore_dapo.runtime.model import fast_path_overrides, load_hf_weights, local_params
+    from mcore_dapo.runtime.parallel import parallel_info
+
+    out: dict = {}
+    fields = fast_path_overrides(bridge, adapter, {}, dispatcher="allgather")
+    out["fast_path_fields"] = {k: v for k, v in fields.items() if not isinstance(v, type)}
+    tf = build_transformer_config(bridge.cfg, bridge.layout, fields, dtype="fp32", dispatcher="allgather")
+    tf.use_cpu_initialization = True
+    tf.perform_initialization = False
+    spec = adapter.layer_spec(tf)
+    experts = spec.layer_specs[0].submodules.mlp.submodules.experts
+    out["experts_module"] = f"{experts.module.__module__}.{experts.module.__qualname__}"
+    out["experts_fc1"] = f"{experts.submodules.linear_fc1.__module__}.{experts.submodules.linear_fc1.__qualname__}"
+    with npu_is_cpu():
+        grouped = GPTModel(config=tf, transformer_layer_spec=spec, pre_process=True, post_process=True,
+                           **gpt_model_kwargs(bridge.cfg, bridge.layout))
+    info = parallel_info()
+    out["expert_param_names"] = sorted(n for n, _ in grouped.named_parameters() if ".layers.0.mlp.experts." in n)
+    out["resolved"] = sorted({lp.resolved.megatron for lp in local_params([grouped], bridge, info)}) == \
+        sorted({lp.resolved.megatron for lp in local_params([sequential], bridge, info)})
+    reader = HFReader(hf_path)
+    out["loaded"] = load_hf_weights([grouped], bridge, reader, info)
+    out["checkpoint_keys"] = sorted({e.key for e in _entries(sharded_state_dict([grouped]))
+                                     if not e.key.endswith("_extra_state")})
+
+    def shards(model):
+        """(key, global offset) -> (global shape, data) of every ShardedTensor dist_checkpointing saves and
+        loads, factories applied (the gated fc1's gate/up halves): a load reads exactly these."""
+        from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+        state = sharded_state_dict([model])
+        apply_factories(state)
+        return {(e.key, tuple(e.global_offset)): (tuple(e.global_shape), e.data) for e in _entries(state)
+                if isinstance(e, ShardedTensor) and not e.key.endswith("_extra_state")}
+
+    # the SequentialMLP model (built above) with the same HF weights: a checkpoint of one loads into the other
+    # when both save the same ShardedTensors (key, offset, global shape) holding the same data
+    load_hf_weights([sequential], bridge, reader, info)
+    g, s = shards(grouped), shards(sequential)
+    out["shard_keys_equal"] = sorted(g) == sorted(s)
+    out["shards_compared"] = len(g)
+    out["expert_shards"] = sum(1 for k, _ in g if ".experts." in k)
+    out["shards_differ"] = sorted(f"{k}@{o}" for (k, o) in g if (k, o) not in s or g[(k, o)][0] != s[(k, o)][0]
+                                  or not torch.equal(g[(k, o)][1], s[(k, o)][1]))
+    load_hf_weights([grouped], bridge, reader, info)
+    exported = {name: t.clone() for name, t in WeightExporter([grouped], bridge, info).iter_weights()}
+    out["exported"] = len(exported)
+    out["export_differ"] = sorted(n for n, t in exported.items() if not torch.equal(t, reader.get(n).to(t.dtype)))
+    return out
+
+
 def main(hf_path: str) -> dict:
     out: dict = {"megatron_before_prepare": megatron_loaded()}
     from mcore_dapo.devices import detect, get_adapter
@@ -139,6 +204,7 @@ def main(hf_path: str) -> dict:
     keys = sorted({e.key for e in _entries(sharded_state_dict([model])) if not e.key.endswith("_extra_state")})
     out["checkpoint_keys"] = keys
     out["checkpoint_layout"] = key_layout(keys)
+    out["grouped"] = grouped_experts(adapter, bridge, model, hf_path)
     dist.destroy_process_group()
     del torch
     return out

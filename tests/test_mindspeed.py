@@ -113,3 +113,23 @@ def test_a_second_engine_in_the_process_repatches_once(mindspeed_run):
     refused = mindspeed_run["second_engine_other_flags"]
     assert refused.startswith("MindSpeedOrderError: MindSpeed feature flags ['use_fused_rmsnorm'] differ"), refused
     assert "\n" not in refused
+
+
+def test_grouped_gemm_builds_te_grouped_mlp_whose_checkpoint_and_export_equal_sequential_mlps(mindspeed_run):
+    # the NPU adapter's fast paths turn grouped GEMM on; Megatron's TE spec then builds its TEGroupedMLP on
+    # MindSpeed's grouped linear (mindspeed/te/pytorch/module/grouped_linear.py: weight{i}, one per local expert)
+    g = mindspeed_run["grouped"]
+    assert g["fast_path_fields"] == {"moe_grouped_gemm": True, "bias_activation_fusion": True}, g["fast_path_fields"]
+    assert g["experts_module"] == "megatron.core.transformer.moe.experts.TEGroupedMLP"
+    assert g["experts_fc1"] == "mindspeed.te.pytorch.module.grouped_linear.MindSpeedTEColumnParallelGroupedLinear"
+    assert g["expert_param_names"] == [f"decoder.layers.0.mlp.experts.linear_fc{k}.weight{i}"
+                                       for k in (1, 2) for i in range(8)]
+    # every parameter resolves through the bridge to the names the SequentialMLP model has, and loads from HF
+    assert g["resolved"] is True and g["loaded"] == mindspeed_run["params"]
+    # the same torch_dist keys as the SequentialMLP model, and the same shards (key, offset, global shape, data):
+    # a checkpoint of either loads into the other
+    assert g["checkpoint_keys"] == CHECKPOINT_KEYS
+    assert g["shard_keys_equal"] is True and g["shards_differ"] == []
+    assert g["expert_shards"] == 4 * 8 * 3  # layers x experts x (gate, up, fc2)
+    # the rollout export of the grouped model gives the HF checkpoint's tensors bit for bit
+    assert g["exported"] == 135 and g["export_differ"] == []

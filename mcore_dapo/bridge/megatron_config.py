@@ -93,7 +93,8 @@ def transformer_config_kwargs(
         # batch, matched in posting order, so a received activation and gradient swap (wrong gradients, seen
         # with 4 micro-batches on PP2 x VPP2; Megatron's arguments refuse PP2 with VPP unless overlapped)
         **({"overlap_p2p_comm": True, "batch_p2p_comm": False} if layout.vpp else {}),
-        # fusions that need CUDA kernels are enabled by the device adapter, not here
+        # fused kernels are the device adapter's to turn on (DeviceAdapter.fast_paths; runtime.model.build_model
+        # and the verl engine put them under the user's override_transformer_config)
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
@@ -177,9 +178,20 @@ def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict
     if unknown:
         raise UserError(f"override_transformer_config keys {sorted(unknown)} are not TransformerConfig fields")
     kw.update(fields)
+    if kw.get("moe_use_legacy_grouped_gemm"):
+        raise UserError("moe_use_legacy_grouped_gemm=True builds Megatron's legacy GroupedMLP (weight1/weight2 "
+                        "holding every local expert), which the bridge does not map: accepted is "
+                        "moe_use_legacy_grouped_gemm=False (grouped GEMM runs as TEGroupedMLP)")
     _two_stage_split(kw, layout)
     if isinstance(kw["params_dtype"], str):
         kw["params_dtype"] = getattr(torch, kw["params_dtype"])
     kw["pipeline_dtype"] = kw["params_dtype"]
     kw["activation_func"] = F.silu
+    if isinstance(kw.get("attention_backend"), str):  # verl's spelling, and the device adapters' fast paths
+        from megatron.core.transformer.enums import AttnBackend
+
+        name = kw["attention_backend"]
+        if name not in AttnBackend.__members__:
+            raise UserError(f"attention_backend={name!r} is not accepted: accepted are {', '.join(AttnBackend.__members__)}")
+        kw["attention_backend"] = AttnBackend[name]
     return TransformerConfig(**kw)

@@ -179,8 +179,81 @@ class DeviceAdapter(ABC):
         """The software stack this device's recipe pins (docs/ASCEND.md on Ascend); empty: no fixed stack."""
         return []
 
+    # -- fast paths (docs/PERFORMANCE.md) -------------------------------------------------------------
+    def fast_paths(self, cfg, layout, *, dispatcher: str = "alltoall", replay: bool = False,
+                   recipe: bool = False) -> list["FastPath"]:
+        """Every performance setting this device decides for ``cfg`` (HFModelConfig) under ``layout``, on or
+        off, each with its reason. ``recipe``: for the software the device's recipe installs (Transformer
+        Engine on CUDA, MindSpeed on Ascend) instead of what this machine has. ``replay``: router replay
+        (R2/R3) is on. The CPU runs Megatron's unfused path: none is on."""
+        why = "the CPU runs Megatron's unfused path (the fused kernels are CUDA or Ascend ones)"
+        return [FastPath(s, v, False, why) for s, v in megatron_fast_path_settings(cfg)]
+
+    def fast_path_fields(self, cfg, layout, **kw) -> dict:
+        """The TransformerConfig fields of the fast paths that are on (the mapping leaves every one off)."""
+        return {p.setting: p.value for p in self.fast_paths(cfg, layout, **kw) if p.on and p.kind == "megatron"}
+
+    def fast_path_flags(self, cfg, layout, **kw) -> dict:
+        """The device feature flags (MindSpeed's on Ascend) of the fast paths that are on."""
+        return {p.setting: p.value for p in self.fast_paths(cfg, layout, **kw) if p.on and p.kind != "megatron"}
+
+    def fast_path_warning(self, cfg, layout, **kw) -> str | None:
+        """One line naming the fast paths this machine's software cannot run, where the device's recipe
+        would run them (None when nothing is lost)."""
+        lost = [p for p in self.fast_paths(cfg, layout, **kw) if not p.on and p.missing_software]
+        if not lost:
+            return None
+        causes = list(dict.fromkeys(p.reason.split(" (")[0] for p in lost))  # each reason's cause, in order
+        return f"{self.name}: running without {', '.join(p.setting for p in lost)}: {'; '.join(causes)}"
+
+    def check_fast_path_overrides(self, cfg, layout, overrides: dict | None, *, here: bool = True, **kw) -> None:
+        """A fast path asked in ``override_transformer_config`` that cannot run: one UserError line naming the
+        setting and what is missing. ``here=False`` (a dry run elsewhere): only what does not depend on this
+        machine's software is checked."""
+        from mcore_dapo.errors import UserError
+
+        overrides = overrides or {}
+        for p in self.fast_paths(cfg, layout, **kw):
+            asked = overrides.get(p.setting)
+            if p.on or not asked or p.setting == "attention_backend":
+                continue
+            if p.missing_software and not here:
+                continue
+            raise UserError(f"override_transformer_config.{p.setting}={asked!r} cannot run on {self.name}: "
+                            f"{p.reason}; accepted here is {p.setting}=False")
+
     def describe(self) -> dict:
         return {"device": self.name, "backend": self.backend}
+
+
+class FastPath:
+    """One performance setting as a device decides it: ``setting`` (a TransformerConfig field, or a MindSpeed
+    flag when ``kind`` is ``mindspeed``) and its ``value`` when on; ``reason``: what runs it when on, what is
+    missing when off; ``missing_software``: off because this machine lacks a package (so a machine with the
+    recipe's stack would run it)."""
+
+    __slots__ = ("setting", "value", "on", "reason", "kind", "missing_software")
+
+    def __init__(self, setting: str, value, on: bool, reason: str, kind: str = "megatron",
+                 missing_software: bool = False):
+        self.setting, self.value, self.on, self.reason = setting, value, bool(on), reason
+        self.kind, self.missing_software = kind, bool(missing_software and not on)
+
+    def as_dict(self) -> dict:
+        value = getattr(self.value, "name", self.value)  # AttnBackend.flash -> "flash"
+        return {"setting": self.setting, "kind": self.kind, "on": self.on, "value": value if self.on else None,
+                "reason": self.reason, **({"missing_software": True} if self.missing_software else {})}
+
+    def __repr__(self) -> str:
+        return f"FastPath({self.setting}={self.value!r}, on={self.on}, {self.reason!r})"
+
+
+def megatron_fast_path_settings(cfg) -> list[tuple[str, object]]:
+    """The Megatron settings the CUDA recipes turn on (docs/PERFORMANCE.md), in the order reported:
+    (TransformerConfig field, value when on); the MoE ones only for a model with experts."""
+    moe = [("moe_grouped_gemm", True), ("moe_permute_fusion", True), ("moe_router_fusion", True)]
+    return [*(moe if cfg.is_moe else []), ("attention_backend", "flash"), ("apply_rope_fusion", True),
+            ("bias_activation_fusion", True), ("gradient_accumulation_fusion", True)]
 
 
 class StackRequirement:

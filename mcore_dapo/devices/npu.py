@@ -180,6 +180,56 @@ class NpuAdapter(DeviceAdapter):
     def expected_stack(self) -> list[StackRequirement]:
         return list(STACK)
 
+    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False):
+        """MindSpeed's kernels (flags of its ``repatch``, read from MindSpeed 26.1.0_core_r0.12.1's
+        features_manager), and grouped GEMM. ``repatch`` applies features without their ``validate_args``
+        (mindspeed/megatron_adaptor.py), so each flag's conditions are checked here."""
+        from mcore_dapo.devices.base import FastPath
+
+        have = recipe or (importlib.util.find_spec("mindspeed") is not None
+                          and importlib.util.find_spec("torch_npu") is not None)
+        missing = "MindSpeed or torch_npu is not installed here"
+        paths = []
+
+        def add(setting, kind, detail, ok=True, why=""):
+            if not have:
+                paths.append(FastPath(setting, True, False, f"{missing} ({detail})", kind, missing_software=True))
+            else:
+                paths.append(FastPath(setting, True, ok, detail if ok else why, kind))
+
+        grouped = cfg.is_moe
+        if cfg.is_moe:
+            add("moe_grouped_gemm", "megatron", "TEGroupedMLP on MindSpeed's grouped linear, "
+                "torch_npu.npu_grouped_matmul (mindspeed/te/pytorch/module/grouped_linear.py)")
+        add("use_flash_attn", "mindspeed", "npu_fusion_attention "
+            "(mindspeed/features_manager/transformer/flash_attention/fusion_attention_v1_feature.py)")
+        add("use_fused_rmsnorm", "mindspeed", "npu_rms_norm (mindspeed/core/fusions/fused_rms_norm.py; "
+            "incompatible with tp_2d only, mindspeed/features_manager/tensor_parallel/tp_2d.py)")
+        add("bias_activation_fusion", "megatron", "Megatron's fused SwiGLU, whose SwiGLUFunction/BiasSwiGLUFunction "
+            "MindSpeed replaces with torch_npu.npu_swiglu at import (mindspeed/features_manager/fusions/"
+            "fused_bias_swiglu.py)")
+        add("use_fused_swiglu", "mindspeed", "set as the recipes set it: parsed in mindspeed/features_manager/"
+            "megatron_basic/megatron_basic.py and read by no other code of this MindSpeed (the NPU SwiGLU runs "
+            "through bias_activation_fusion)")
+        add("use_fused_rotary_pos_emb", "mindspeed", "npu_rotary_mul; needs position_embedding_type=rope, "
+            "which Qwen3 is (mindspeed/features_manager/fusions/fused_rope.py)")
+        if cfg.is_moe:
+            add("gemm_gradient_accumulation_fusion", "mindspeed", "the grouped GEMM's weight gradient accumulated "
+                "in place; needs moe_grouped_gemm (mindspeed/features_manager/moe/gmm.py)", ok=grouped,
+                why="needs moe_grouped_gemm (mindspeed/features_manager/moe/gmm.py)")
+            add("moe_permutation_async_comm", "mindspeed", "read by the alltoall_seq and moe_tp_extend_ep "
+                "paths only (mindspeed/features_manager/moe/tp_extend_ep.py, moe_alltoall_overlap.py); "
+                "set as the recipes set it")
+            overlap_why = []
+            if layout.ep <= 1:
+                overlap_why.append(f"needs expert_model_parallel_size > 1, the layout has {layout.ep}")
+            if dispatcher != "alltoall":
+                overlap_why.append(f"needs the alltoall dispatcher, the layout has {dispatcher}")
+            add("moe_alltoall_overlap_comm", "mindspeed", "the experts' all-to-all overlapped with compute "
+                "(mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1, alltoall, grouped GEMM)",
+                ok=not overlap_why, why="; ".join(overlap_why) + " (mindspeed/features_manager/moe/moe_alltoall_overlap.py)")
+        return paths
+
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is
         # what builds (and its checkpoint keys are what verl's Ascend path expects).

@@ -18,17 +18,20 @@ from mcore_dapo.runtime.parallel import ParallelInfo
 
 def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", dispatcher: str = "alltoall",
                 make_vocab_size_divisible_by: int | None = None, init_weights: bool = False,
-                **config_kw) -> tuple[list[torch.nn.Module], object]:
+                wrapped_in_ddp: bool = False, **config_kw) -> tuple[list[torch.nn.Module], object]:
     """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig.
 
     ``config_kw`` goes to :func:`build_transformer_config`: its ``overrides`` (TransformerConfig
     fields) set, for instance, uneven first/last pipeline stages. ``init_weights=False`` leaves the
     parameters uninitialised, for weights loaded next or for counting them (their tensor-parallel
-    attributes are set all the same: :func:`mark_tensor_parallel`)."""
+    attributes are set all the same: :func:`mark_tensor_parallel`). The device's fast paths
+    (:func:`fast_path_overrides`) come under ``overrides``: the caller's fields win."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     layout = bridge.layout
+    config_kw["overrides"] = fast_path_overrides(bridge, adapter, config_kw.get("overrides"), dispatcher=dispatcher,
+                                                 wrapped_in_ddp=wrapped_in_ddp)
     tf = build_transformer_config(bridge.cfg, layout, dtype=dtype, dispatcher=dispatcher, **config_kw)
     tf.use_cpu_initialization = not adapter.has_device_memory()
     tf.perform_initialization = init_weights
@@ -51,6 +54,30 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
         chunks.append(adapter.to_device(model))
     compat.enter_stage(0 if layout.vpp else None)
     return chunks, tf
+
+
+_WARNED: set[str] = set()
+
+
+def fast_path_overrides(bridge: Bridge, adapter: DeviceAdapter, overrides: dict | None, *,
+                        dispatcher: str = "alltoall", wrapped_in_ddp: bool = False) -> dict:
+    """The device's fast paths (``DeviceAdapter.fast_path_fields``) under ``overrides`` (which win), and the
+    device's one warning line for what this machine's software loses (logged once per process).
+    gradient_accumulation_fusion only for a model Megatron's DDP wraps: the fused weight gradient is
+    accumulated into the ``main_grad`` buffers DDP allocates."""
+    import logging
+
+    overrides = dict(overrides or {})
+    replay = bool(overrides.get("moe_enable_routing_replay"))
+    kw = dict(dispatcher=dispatcher, replay=replay)
+    fields = adapter.fast_path_fields(bridge.cfg, bridge.layout, **kw)
+    if not wrapped_in_ddp:
+        fields.pop("gradient_accumulation_fusion", None)
+    warning = adapter.fast_path_warning(bridge.cfg, bridge.layout, **kw)
+    if warning and warning not in _WARNED:
+        _WARNED.add(warning)
+        logging.getLogger("mcore_dapo").warning(warning)
+    return {**fields, **overrides}
 
 
 def mark_tensor_parallel(model: torch.nn.Module) -> int:

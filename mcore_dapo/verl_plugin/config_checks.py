@@ -87,6 +87,22 @@ def check_packing(c, here: bool = True) -> None:
         adapter.check_packed_sequences(PACKING)
 
 
+def check_fast_paths(c, cfg, layout: Layout, here: bool = True) -> None:
+    """A fast path asked in the actor's ``override_transformer_config`` that the trainer device cannot run
+    (grouped GEMM on CUDA without Transformer Engine, router fusion with router replay, MindSpeed's
+    all-to-all overlap at EP 1): one line. ``here`` as in :func:`check_packing`: what depends on this
+    machine's software only on a launch."""
+    device = c.trainer.get("device")
+    if not device:
+        return
+    megatron = c.actor_rollout_ref.actor.megatron
+    overrides = dict(megatron.get("override_transformer_config") or {})
+    replay = str(megatron.get("router_replay", {}).get("mode", "disabled")) != "disabled"
+    get_adapter(str(device)).check_fast_path_overrides(
+        cfg, layout, overrides, here=here, replay=replay,
+        dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall")
+
+
 def validate(c, model_dir=None, here: bool = True) -> dict:
     """Check a composed verl config for the Megatron path; return the resolved parallel sizes.
     ``here=False`` (a dry run): what this machine's software would refuse on a launch is returned as
@@ -110,6 +126,7 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
 
     model_settings.check(c, cfg)
     check_packing(c, here)
+    check_fast_paths(c, cfg, layout, here)
     replay = check_router_replay(c, cfg)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
              "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
@@ -117,6 +134,7 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     if not here:
         try:
             check_packing(c, here=True)
+            check_fast_paths(c, cfg, layout, here=True)
         except UserError as e:
             sizes["refused_here"] = str(e)
     return sizes

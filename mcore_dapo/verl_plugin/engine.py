@@ -199,7 +199,30 @@ def _configure_device(engine) -> None:
     adapter = get_adapter()
     adapter.apply_patches()
     cfg = engine.engine_config
-    adapter.configure(adapter.feature_flags(cfg.override_transformer_config, cfg.context_parallel_size))
+    adapter.configure(adapter.feature_flags(_with_fast_paths(engine, adapter), cfg.context_parallel_size))
+
+
+def _fast_path_context(engine) -> tuple:
+    """(HF config, layout, the fast paths' keyword arguments) of this engine's model."""
+    from mcore_dapo.bridge import Layout, load_hf_config
+
+    ec = engine.engine_config
+    overrides = dict(ec.override_transformer_config or {})
+    replay = str(getattr(getattr(ec, "router_replay", None), "mode", "disabled")) != "disabled"
+    kw = dict(dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall", replay=replay)
+    return load_hf_config(engine.model_config.local_path), Layout.from_megatron(ec), kw
+
+
+def _with_fast_paths(engine, adapter) -> dict:
+    """The user's ``override_transformer_config`` over the device's fast paths (TransformerConfig fields and
+    feature flags): what MindSpeed's ``repatch`` is given on Ascend, as verl's own NPU engine passes it."""
+    overrides = dict(engine.engine_config.override_transformer_config or {})
+    if not adapter.takes_feature_flags():
+        return overrides
+    cfg, layout, kw = _fast_path_context(engine)
+    adapter.check_fast_path_overrides(cfg, layout, overrides, **kw)
+    fast = {**adapter.fast_path_fields(cfg, layout, **kw), **adapter.fast_path_flags(cfg, layout, **kw)}
+    return {**fast, "moe_token_dispatcher_type": kw["dispatcher"], **overrides} if cfg.is_moe else {**fast, **overrides}
 
 
 def _build_tf_config(engine) -> None:
@@ -244,6 +267,15 @@ def _build_tf_config(engine) -> None:
         sequence_parallel=model_settings.sequence_parallel(ec.sequence_parallel, layout.tp, cfg.is_moe,
                                                            "megatron"))
     engine.mcore_freeze_router = model_settings.freeze_moe_router(ec.override_mcore_model_config, "megatron")
+    # the device's fast paths (DeviceAdapter.fast_paths) under the user's fields; a fast path asked that this
+    # machine cannot run is one line (also checked before Ray: config_checks.check_fast_paths)
+    from mcore_dapo.runtime.model import fast_path_overrides
+
+    replay = bool(fields.get("moe_enable_routing_replay"))
+    adapter.check_fast_path_overrides(cfg, layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
+                                      replay=replay)
+    fields = fast_path_overrides(engine.mapping, adapter, fields, dispatcher=engine.mcore_dispatcher,
+                                 wrapped_in_ddp=not ec.forward_only)
     engine.mcore_overrides = fields = _attention_backend(fields, adapter)
     tf = build_transformer_config(cfg, layout, fields, dtype=dtype, aux_loss_coeff=0.0,
                                   dispatcher=engine.mcore_dispatcher, **engine.mcore_config_kw)
@@ -283,7 +315,7 @@ def _build_megatron_module(engine):
     adapter.apply_patches()
     chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
                              aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher,
-                             **engine.mcore_config_kw)
+                             wrapped_in_ddp=not engine.engine_config.forward_only, **engine.mcore_config_kw)
     engine._mcore_routing_metrics = {}
     if engine.mcore_freeze_router:  # override_mcore_model_config.moe_config.freeze_moe_router, as verl's
         from mcore_dapo.verl_plugin.router_replay import model_routers

@@ -1,0 +1,172 @@
+"""The device adapters' fast paths (docs/PERFORMANCE.md): what each device turns on, under what the user asks,
+and the grouped experts' names and checkpoint keys against the pinned megatron-core sources.
+
+The real TEGroupedMLP (on MindSpeed's grouped linear) is built, loaded, exported and compared with
+SequentialMLP's checkpoint shards in tests/test_mindspeed.py; Transformer Engine's own grouped linear cannot
+be built here (no TE on the CPU), so its keys are checked against the sources below.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.devices import get_adapter
+from mcore_dapo.errors import UserError
+
+MODEL = Path(__file__).resolve().parent.parent / "configs" / "models" / "qwen3-30b-a3b"
+
+
+@pytest.fixture(scope="module")
+def qwen3_30b():
+    return load_hf_config(MODEL)
+
+
+def test_cpu_keeps_the_unfused_path(qwen3_30b):
+    cpu = get_adapter("cpu")
+    paths = cpu.fast_paths(qwen3_30b, Layout(ep=8))
+    assert paths and not any(p.on for p in paths)
+    assert cpu.fast_path_fields(qwen3_30b, Layout(ep=8)) == {} and cpu.fast_path_flags(qwen3_30b, Layout(ep=8)) == {}
+    assert cpu.fast_path_warning(qwen3_30b, Layout(ep=8)) is None
+
+
+def test_cuda_with_the_recipes_transformer_engine_turns_on_grouped_gemm_and_the_fusions(qwen3_30b):
+    cuda = get_adapter("cuda")
+    fields = cuda.fast_path_fields(qwen3_30b, Layout(ep=8), recipe=True)
+    assert fields == {"moe_grouped_gemm": True, "moe_permute_fusion": True, "attention_backend": "flash",
+                      "apply_rope_fusion": True, "bias_activation_fusion": True}
+    off = {p.setting: p.reason for p in cuda.fast_paths(qwen3_30b, Layout(ep=8), recipe=True) if not p.on}
+    # megatron-core 0.16.1 imports TE's fused router from TE 2.7.0 (extensions/transformer_engine.py); the
+    # recipe's TE is the `cuda` extra's lower bound, 2.6
+    assert off["moe_router_fusion"].startswith("needs Transformer Engine >= 2.7, the recipe installs 2.6")
+    # Megatron's ColumnParallelLinear (the output layer) refuses the fusion without apex's extension
+    assert "fused_weight_gradient_mlp_cuda" in off["gradient_accumulation_fusion"]
+
+
+@pytest.mark.no_accelerator  # asserts that Transformer Engine does not import here
+def test_cuda_without_transformer_engine_keeps_megatrons_swiglu_fusion_and_warns_in_one_line(qwen3_30b):
+    cuda = get_adapter("cuda")
+    assert cuda.fast_path_fields(qwen3_30b, Layout(ep=8)) == {"bias_activation_fusion": True}
+    warning = cuda.fast_path_warning(qwen3_30b, Layout(ep=8))
+    assert warning == ("cuda: running without moe_grouped_gemm, moe_permute_fusion, moe_router_fusion, attention_backend, "
+                       "apply_rope_fusion, gradient_accumulation_fusion: transformer_engine does not import here")
+    # Megatron's own SwiGLU fusion needs no TE: its TransformerConfig checks pass for Qwen3 (SiLU, gated)
+    from mcore_dapo.bridge.megatron_config import build_transformer_config
+
+    tf = build_transformer_config(qwen3_30b, Layout(ep=8), {"bias_activation_fusion": True})
+    assert tf.bias_activation_fusion is True and tf.moe_grouped_gemm is False
+
+
+def test_ascend_turns_on_mindspeeds_flags_where_their_conditions_hold(qwen3_30b):
+    npu = get_adapter("npu")
+    flags = npu.fast_path_flags(qwen3_30b, Layout(tp=4, ep=2), recipe=True)
+    assert flags == {"use_flash_attn": True, "use_fused_rmsnorm": True, "use_fused_swiglu": True,
+                     "use_fused_rotary_pos_emb": True, "gemm_gradient_accumulation_fusion": True,
+                     "moe_permutation_async_comm": True, "moe_alltoall_overlap_comm": True}
+    assert npu.fast_path_fields(qwen3_30b, Layout(tp=4, ep=2), recipe=True) == {
+        "moe_grouped_gemm": True, "bias_activation_fusion": True}
+    # mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1 and the alltoall dispatcher
+    at_ep1 = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(tp=8), recipe=True)}
+    assert not at_ep1["moe_alltoall_overlap_comm"].on
+    assert at_ep1["moe_alltoall_overlap_comm"].reason.startswith("needs expert_model_parallel_size > 1")
+    allgather = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(ep=8), recipe=True, dispatcher="allgather")}
+    assert not allgather["moe_alltoall_overlap_comm"].on
+    # repatch applies features without their validate_args (mindspeed/megatron_adaptor.py): refused here instead
+    with pytest.raises(UserError) as e:
+        npu.check_fast_path_overrides(qwen3_30b, Layout(tp=8), {"moe_alltoall_overlap_comm": True}, recipe=True)
+    assert str(e.value).startswith("override_transformer_config.moe_alltoall_overlap_comm=True cannot run on npu: "
+                                   "needs expert_model_parallel_size > 1, the layout has 1")
+    assert "\n" not in str(e.value)
+
+
+def test_router_fusion_stays_off_under_router_replay_and_is_refused_when_asked(qwen3_30b):
+    # megatron-core 0.16.1 moe_utils.topk_routing_with_score_function returns the fused kernel's top-k before
+    # its first use of router_replay: replayed routes would be ignored (0.12.1 has neither)
+    src = _megatron_source("transformer/moe/moe_utils.py")
+    func = src[src.index("def topk_routing_with_score_function"):]
+    func = func[:func.index("\ndef ")]
+    if "router_replay" in func:
+        uses = [m.start() for m in re.finditer(r"router_replay(\.| is )", func)]
+        assert uses and func.index("return fused_topk_with_score_function(") < min(uses)
+    cuda = get_adapter("cuda")
+    paths = {p.setting: p for p in cuda.fast_paths(qwen3_30b, Layout(ep=8), replay=True, recipe=True)}
+    assert not paths["moe_router_fusion"].on
+    with pytest.raises(UserError, match=r"^override_transformer_config.moe_router_fusion=True cannot run on cuda: "
+                                        r"router replay is on: the fused top-k returns before the replay"):
+        cuda.check_fast_path_overrides(qwen3_30b, Layout(ep=8), {"moe_router_fusion": True}, replay=True, te="2.8")
+    # with a TE that has the fused router, and no replay, it is on
+    assert cuda.fast_path_fields(qwen3_30b, Layout(ep=8), te="2.8")["moe_router_fusion"] is True
+
+
+def test_the_users_override_transformer_config_wins_over_each_fast_path(qwen3_30b):
+    from mcore_dapo.bridge import Bridge
+    from mcore_dapo.runtime.model import fast_path_overrides
+
+    bridge = Bridge(qwen3_30b, Layout(ep=8))
+    cuda = get_adapter("cuda")
+    fast = cuda.fast_path_fields(qwen3_30b, Layout(ep=8))
+    for setting in fast:
+        assert fast_path_overrides(bridge, cuda, {setting: False})[setting] is False
+    # gradient_accumulation_fusion only for a model Megatron's DDP wraps (the fused wgrad needs main_grad)
+    assert "gradient_accumulation_fusion" not in fast_path_overrides(bridge, cuda, {})
+
+
+@pytest.mark.no_accelerator  # asserts that Transformer Engine does not import here
+def test_grouped_gemm_asked_on_cuda_without_transformer_engine_is_one_line_before_ray(qwen3_30b):
+    from mcore_dapo.verl_plugin.config_checks import check_fast_paths
+
+    def config(device, overrides, replay="disabled"):
+        return OmegaConf.create({"trainer": {"device": device}, "actor_rollout_ref": {"actor": {"megatron": {
+            "override_transformer_config": overrides, "router_replay": {"mode": replay}}}}})
+
+    with pytest.raises(UserError) as e:
+        check_fast_paths(config("cuda", {"moe_grouped_gemm": True}), qwen3_30b, Layout(ep=8))
+    assert str(e.value) == ("override_transformer_config.moe_grouped_gemm=True cannot run on cuda: transformer_engine "
+                            "does not import here (TEGroupedMLP; without TE Megatron's local spec builds SequentialMLP, "
+                            "megatron/core/models/backends.py); accepted here is moe_grouped_gemm=False")
+    # a dry run elsewhere (here=False) leaves what depends on this machine's software to the launch
+    check_fast_paths(config("cuda", {"moe_grouped_gemm": True}), qwen3_30b, Layout(ep=8), here=False)
+    # what the device itself cannot run is refused anywhere: the CPU, router fusion with replay
+    with pytest.raises(UserError, match="apply_rope_fusion=True cannot run on cpu"):
+        check_fast_paths(config("cpu", {"apply_rope_fusion": True}), qwen3_30b, Layout(ep=8), here=False)
+    # off, null and verl's attention_backend default are no request
+    check_fast_paths(config("cuda", {"moe_grouped_gemm": False, "apply_rope_fusion": None,
+                                     "attention_backend": "flash"}), qwen3_30b, Layout(ep=8))
+
+
+def test_legacy_grouped_mlp_is_refused_in_one_line(qwen3_30b):
+    from mcore_dapo.bridge.megatron_config import build_transformer_config
+
+    with pytest.raises(UserError, match=r"^moe_use_legacy_grouped_gemm=True builds Megatron's legacy GroupedMLP"):
+        build_transformer_config(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": True, "moe_use_legacy_grouped_gemm": True})
+
+
+def _megatron_source(rel: str) -> str:
+    import megatron.core
+
+    return (Path(megatron.core.__file__).parent / rel).read_text()
+
+
+def test_te_grouped_mlp_parameters_and_checkpoint_keys_match_the_bridge():
+    """TEGroupedMLP of the installed megatron-core (both lines): TE's grouped linear registers one parameter per
+    local expert, ``weight{i}`` (megatron/core/extensions/transformer_engine.py, TEGroupedLinear's
+    ``_sharded_state_dict_grouped``), and TEGroupedMLP.sharded_state_dict (megatron/core/transformer/moe/
+    experts.py) renames ``linear_fc1.`` to ``experts.linear_fc1.`` "to match sequential's keys", with the global
+    expert on its own axis: SequentialMLP's keys, which the bridge's checkpoints carry."""
+    te = _megatron_source("extensions/transformer_engine.py")
+    experts = _megatron_source("transformer/moe/experts.py")
+    assert re.search(r'\[f"?\'?weight\{gemm_idx\}', te) or "weight{gemm_idx}" in te
+    assert "replace_prefix_for_sharding(sub_sd, f'{name}.', f'{prefix}experts.{name}.')" in experts
+    assert "local_expert_indices_offset + i" in experts  # TEGroupedMLP's expert axis offset: the global expert
+    from mcore_dapo.bridge.names import ExpertPlacement, canonical_name
+
+    # EP rank 1 of 2, 64 local experts: local weight5 is global expert 69 in both containers
+    placement = ExpertPlacement(ep_rank=1, num_local_experts=64)
+    for k in (1, 2):
+        te_name = canonical_name(f"decoder.layers.3.mlp.experts.linear_fc{k}.weight5", {3: 27}, placement)
+        seq_name = canonical_name(f"decoder.layers.3.mlp.experts.local_experts.5.linear_fc{k}.weight", {3: 27}, placement)
+        assert te_name == seq_name == f"decoder.layers.27.mlp.experts.69.linear_fc{k}.weight"
