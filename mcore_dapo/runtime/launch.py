@@ -41,23 +41,38 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
     The processes run in a session of their own, their output goes to a file (not a pipe), and every
     process of the session is killed once torchrun returns or ``timeout`` passes: a rank that died
     leaves no helper process behind (torch_dist's multiprocessing manager, say) to hold the launch.
+
+    A failed launch is one line (:mod:`mcore_dapo.runtime.failures`): a :class:`UserError` raised in a
+    rank, in a Ray actor or in vLLM's engine is raised here as that line; anything else is a
+    :class:`LaunchError` naming the first failing rank's exception type and message and the path of
+    the full log, kept after the run.
     """
+    from mcore_dapo.runtime import failures
+
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-run-") as tmp:
         out = Path(tmp) / "result.json"
+        failed = Path(tmp) / "failures"
+        failed.mkdir()
         cmd = [
             sys.executable, "-m", "torch.distributed.run",
             f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
             "-m", module, *args, "--out", str(out),
         ]
         full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-                    "PYTHONWARNINGS": "ignore", **(env or {})}
+                    "PYTHONWARNINGS": "ignore", **(env or {}), failures.ENV: str(failed)}
         log = Path(tmp) / "output.log"
         with open(log, "w") as sink:
             returncode = run_session(cmd, full_env, None if stream else sink, timeout)
         if returncode != 0 or not out.is_file():
-            tail = "" if stream else "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            text = "" if stream else log.read_text(errors="replace")
+            records = failures.read_records(failed)
+            why = failures.summarize(records, text)
+            if why.user_error is not None:
+                raise UserError(why.user_error)
+            kept = failures.keep_log(module.rsplit(".", 1)[-1], f"$ {' '.join(cmd)}\n{text}",
+                                     records if stream else [])  # streamed: the terminal had the output
             what = "timed out" if returncode is None else f"failed with exit code {returncode}"
-            raise LaunchError(f"{module} {' '.join(args)} {what}:\n{tail}")
+            raise LaunchError(f"{module} {what}: {why.line} (full log: {kept})")
         result = json.loads(out.read_text())
     if isinstance(result, dict) and USER_ERROR in result:
         raise UserError(result[USER_ERROR])
@@ -65,18 +80,30 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
 
 
 def worker_result(run, a) -> dict:
-    """``run(a)``, or the :class:`UserError` it raised (alike on every rank) as ``{"user_error": ...}``,
-    which :func:`torchrun` raises again in the caller: one line, not a worker's traceback."""
+    """``run(a)``, or the :class:`UserError` it raised (alike on every rank; also one wrapped by Ray) as
+    ``{"user_error": ...}``, which :func:`torchrun` raises again in the caller: one line, not a worker's
+    traceback. The error is also recorded for the launcher, in case the other ranks then fail."""
+    from mcore_dapo.runtime import failures
+
     try:
         return run(a)
     except UserError as e:
-        return {USER_ERROR: str(e)}
+        failures.record(e)
+        return {USER_ERROR: failures.user_error_line(e)}
 
 
 def worker_main(parse_args, run, argv=None) -> int:
-    """A torchrun worker's ``main``: parse, run (a UserError becomes the one-line result), finish."""
+    """A torchrun worker's ``main``: parse, run (a UserError becomes the one-line result; any other
+    exception is recorded for the launcher, then raised), finish."""
+    from mcore_dapo.runtime import failures
+
     a = parse_args(argv)
-    return finish_worker(worker_result(run, a), a.out)
+    try:
+        result = worker_result(run, a)
+    except BaseException as e:
+        failures.record(e)
+        raise
+    return finish_worker(result, a.out)
 
 
 def finish_worker(result: dict | None, out: str | None) -> int:

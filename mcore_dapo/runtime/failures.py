@@ -1,0 +1,140 @@
+"""What a failed run of worker processes tells the user: the first failing rank's error, in one line.
+
+* A torchrun worker (:func:`mcore_dapo.runtime.launch.worker_main`) that fails writes a record into the
+  folder named by ``$MCORE_DAPO_FAILURES`` (made by the launcher): its rank, the time, and either the
+  line of a :class:`UserError` or an unexpected exception's type, message and traceback.
+* A :class:`UserError` raised further down, in a Ray actor or in vLLM's engine process, reaches the
+  worker wrapped: Ray's ``RayTaskError`` holds it as ``cause``; other wrappers carry the traceback's text,
+  whose last line Python writes as ``mcore_dapo.errors.UserError: <line>``. Where the wrapper lost it
+  (vLLM's ``EngineDeadError``), the line is read from the processes' output log.
+
+:func:`summarize` turns records and log into the one line: a user mistake found anywhere is the line
+itself (the ranks that fail after it fail because of it); otherwise the earliest failing rank's exception
+type and message, with the path of the full log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from mcore_dapo.errors import UserError
+
+ENV = "MCORE_DAPO_FAILURES"
+USER_ERROR_LINE = re.compile(r"mcore_dapo\.errors\.UserError: (.+?)\s*$", re.MULTILINE)
+EXCEPTION_LINE = re.compile(r"^(?:\[rank(\d+)\]: |\S+ )?([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout)\w*): "
+                            r"(.+?)\s*$", re.MULTILINE)  # torchrun prefixes a rank's traceback with [rankN]:
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def user_error_line(exc: BaseException | None) -> str | None:
+    """The one line of the :class:`UserError` that ``exc`` is or wraps (Ray's ``cause``, ``__cause__``,
+    ``__context__``, or a traceback's text in the message); None when it holds none."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        cause = getattr(exc, "cause", None)  # ray.exceptions.RayTaskError: the actor's own exception
+        if isinstance(cause, BaseException):
+            exc = cause
+            continue
+        if isinstance(exc, UserError):
+            return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        found = user_error_in_text(str(exc))
+        if found:
+            return found
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def user_error_in_text(text: str) -> str | None:
+    """The first ``mcore_dapo.errors.UserError: <line>`` in ``text`` (a log, a traceback), None if there is none."""
+    m = USER_ERROR_LINE.search(ANSI.sub("", text))
+    return m.group(1) if m else None
+
+
+def last_exception_in_text(text: str) -> str | None:
+    """``[rank N: ]Type: message`` of the first traceback's exception in ``text``, None when there is none."""
+    text = ANSI.sub("", text)
+    start = text.find("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    m = EXCEPTION_LINE.search(text, start)
+    if not m:
+        return None
+    return f"{f'rank {m.group(1)}: ' if m.group(1) else ''}{m.group(2).rsplit('.', 1)[-1]}: {m.group(3)}"
+
+
+def record(exc: BaseException) -> None:
+    """This rank's failure, into ``$MCORE_DAPO_FAILURES`` (nothing when the variable is unset)."""
+    folder = os.environ.get(ENV)
+    if not folder:
+        return
+    rank = int(os.environ.get("RANK", "0"))
+    rec: dict = {"rank": rank, "time": time.time()}
+    line = user_error_line(exc)
+    if line is not None:
+        rec["user_error"] = line
+    else:
+        message = str(exc).strip()
+        rec.update({"type": type(exc).__name__, "message": message.splitlines()[0] if message else "",
+                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))})
+    try:
+        Path(folder, f"rank{rank}.json").write_text(json.dumps(rec))
+    except OSError:
+        pass  # the launcher's folder is gone: the log still has the traceback
+
+
+def read_records(folder: Path) -> list[dict]:
+    """The failure records in ``folder``, earliest first."""
+    out = []
+    for p in sorted(Path(folder).glob("rank*.json")):
+        try:
+            out.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    return sorted(out, key=lambda r: r.get("time", 0.0))
+
+
+@dataclass
+class Failure:
+    """A failed run in one line: ``user_error`` (a user mistake: the line alone) or ``line`` (what failed)."""
+
+    user_error: str | None
+    line: str
+
+
+def summarize(records: list[dict], log_text: str = "") -> Failure:
+    """The first failing rank's error: a user mistake in a record or anywhere in the log, else the earliest
+    record's exception, else the log's first traceback, else its last line."""
+    for r in records:
+        if r.get("user_error"):
+            return Failure(r["user_error"], r["user_error"])
+    found = user_error_in_text(log_text)
+    if found:
+        return Failure(found, found)
+    if records:
+        r = records[0]
+        return Failure(None, f"rank {r['rank']}: {r['type']}: {r['message']}")
+    exc = last_exception_in_text(log_text)
+    if exc:
+        return Failure(None, exc)
+    tail = [ln.strip() for ln in ANSI.sub("", log_text).splitlines() if ln.strip()]
+    return Failure(None, tail[-1] if tail else "no output")
+
+
+def keep_log(name: str, log_text: str, records: list[dict]) -> Path:
+    """The run's output and every rank's traceback, kept in a file that outlives the run; its path."""
+    import tempfile
+
+    fd, path = tempfile.mkstemp(prefix=f"mcore-dapo-{name}-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(log_text)
+        for r in records:
+            if r.get("traceback"):
+                f.write(f"\n--- rank {r['rank']} ---\n{r['traceback']}")
+    return Path(path)

@@ -1,0 +1,101 @@
+"""A failed launch of worker processes is one line: a UserError raised in a rank, in a Ray actor or in vLLM's
+engine process reaches the caller as that line; any other exception as the first failing rank's type and
+message plus the path of the full log. The launches here are two bare gloo ranks (tests/failing_worker.py,
+no Megatron): rank 1 fails, rank 0 then fails in its barrier ("Connection closed by peer")."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from mcore_dapo.errors import UserError
+from mcore_dapo.runtime import failures
+from mcore_dapo.runtime.launch import LaunchError, torchrun
+
+TESTS = Path(__file__).resolve().parent
+LINE = "--widget=7 is not accepted: accepted are 1 to 4"
+TYPE_MESSAGE = "_write_item() missing 1 required positional argument: 'serialization_format'"
+
+
+def _launch(error: str):
+    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    return torchrun("failing_worker", ["--error", error], 2, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("error", ["user", "ray-user"])
+def test_a_user_error_of_one_rank_is_its_line(error):
+    with pytest.raises(UserError) as e:
+        _launch(error)
+    assert str(e.value) == LINE
+
+
+def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the_log():
+    with pytest.raises(LaunchError) as e:
+        _launch("type")
+    msg = str(e.value)
+    assert "\n" not in msg
+    head, log = msg.split(" (full log: ")
+    assert head == f"failing_worker failed with exit code 1: rank 1: TypeError: {TYPE_MESSAGE}"
+    text = Path(log.rstrip(")")).read_text()
+    assert f"TypeError: {TYPE_MESSAGE}" in text and "Connection closed by peer" in text  # rank 0's, after it
+    Path(log.rstrip(")")).unlink()
+
+
+def test_user_error_line_finds_the_line_in_what_wraps_it():
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise UserError(LINE)
+    except UserError as u:
+        tb = "".join(traceback.format_exception(u))
+        ray_error = RayTaskError("EngineHost.update", tb, u).as_instanceof_cause()
+    assert isinstance(ray_error, UserError) and "\n" in str(ray_error)  # Ray's text: the remote traceback
+    assert failures.user_error_line(ray_error) == LINE
+    assert failures.user_error_line(RuntimeError(f"Worker failed:\n{tb}")) == LINE  # a wrapper with its text
+    try:
+        try:
+            raise UserError(LINE)
+        except UserError as inner:
+            raise RuntimeError("engine step failed") from inner
+    except RuntimeError as outer:
+        assert failures.user_error_line(outer) == LINE
+    assert failures.user_error_line(RuntimeError("gloo: Connection closed by peer")) is None
+
+
+# what vLLM's engine process writes when a weight update raises (ANSI colours, Ray's actor prefix)
+VLLM_LOG = (
+    "\x1b[36m(EngineHost pid=4242)\x1b[0m ERROR 12-01 17:00:00 [core.py:700] EngineCore encountered a fatal error.\n"
+    "\x1b[36m(EngineHost pid=4242)\x1b[0m Traceback (most recent call last):\n"
+    "\x1b[36m(EngineHost pid=4242)\x1b[0m   File \"repack_moe_experts.py\", line 41, in _setup_kernel\n"
+    f"\x1b[36m(EngineHost pid=4242)\x1b[0m mcore_dapo.errors.UserError: {LINE}\n"
+    "[rank0]: Traceback (most recent call last):\n"
+    "[rank0]: vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace above.\n"
+    "[rank1]: Traceback (most recent call last):\n"
+    "[rank1]: RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer\n"
+)
+
+
+def test_summarize_prefers_a_user_mistake_anywhere_then_the_earliest_rank():
+    dead = {"rank": 0, "time": 2.0, "type": "EngineDeadError", "message": "EngineCore encountered an issue."}
+    gloo = {"rank": 1, "time": 3.0, "type": "RuntimeError", "message": "Connection closed by peer"}
+    assert failures.summarize([dead, gloo], VLLM_LOG).user_error == LINE  # the engine's refusal, from the log
+    assert failures.summarize([{"rank": 1, "time": 5.0, "user_error": LINE}, dead], "").user_error == LINE
+    first = failures.summarize([dead, gloo], "")
+    assert first.user_error is None and first.line == "rank 0: EngineDeadError: EngineCore encountered an issue."
+    no_records = failures.summarize([], VLLM_LOG.replace(f"mcore_dapo.errors.UserError: {LINE}", ""))
+    assert no_records.line == "rank 0: EngineDeadError: EngineCore encountered an issue. See stack trace above."
+    assert failures.summarize([], "starting\nKilled\n").line == "Killed"
+
+
+def test_the_cli_prints_a_failed_launch_as_one_line(capsys):
+    from mcore_dapo.cli import user_errors
+
+    @user_errors
+    def command():
+        raise LaunchError("mcore_dapo.convert.hf2mcore failed with exit code 1: rank 1: TypeError: x (full log: /tmp/l)")
+
+    assert command() == 1
+    assert capsys.readouterr().err == ("error: mcore_dapo.convert.hf2mcore failed with exit code 1: rank 1: "
+                                      "TypeError: x (full log: /tmp/l)\n")
