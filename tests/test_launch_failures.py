@@ -99,3 +99,17 @@ def test_the_cli_prints_a_failed_launch_as_one_line(capsys):
     assert command() == 1
     assert capsys.readouterr().err == ("error: mcore_dapo.convert.hf2mcore failed with exit code 1: rank 1: "
                                       "TypeError: x (full log: /tmp/l)\n")
+
+
+def test_an_entry_points_log_gives_its_printed_line_or_its_last_exception():
+    """tiny-dapo reads main_dapo's log: the line main_dapo printed for a UserError of a Ray actor, else the
+    innermost exception of the driver's last traceback (a Ray error's remote one)."""
+    printed = f"(TaskRunner pid=7) step 0\nerror: {LINE}\n"
+    assert failures.summarize_entry_point_log(printed).user_error == LINE
+    ray_log = ("Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: a warning's traceback\n"
+               "Traceback (most recent call last):\n  File \"main_ppo.py\", line 80, in run_ppo\n"
+               "ray.exceptions.RayTaskError(KeyError): ray::TaskRunner.run() (pid=9, ip=10.0.0.1)\n"
+               "  File \"ray_trainer.py\", line 12, in fit\n"
+               "KeyError: 'response_mask'\n")
+    why = failures.summarize_entry_point_log(ray_log)
+    assert why.user_error is None and why.line == "KeyError: 'response_mask'"

@@ -60,11 +60,21 @@ def tiny_dapo(a) -> int:
     out = {"rollout": a.rollout, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
            "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
     ok = r["returncode"] == 0 and len(steps) >= a.steps
+    if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log
+        from mcore_dapo.runtime.failures import summarize_entry_point_log
+
+        why = summarize_entry_point_log(Path(r["train_log"]).read_text(errors="replace"))
+        if why.user_error is not None:  # a user mistake, raised in the driver or a Ray actor: its line
+            print(f"error: {why.user_error}", file=sys.stderr)
+            return 2
+        out["error"] = why.line
     if a.json:
         print(json.dumps(out))
     else:
+        failed = f"FAILED: {out['error']} (full log: {r['train_log']})" if "error" in out \
+            else f"FAILED, see {r['train_log']}"
         print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s) in {r['seconds']} s "
-              f"({'ok' if ok else 'FAILED, see ' + r['train_log']})")
+              f"({'ok' if ok else failed})")
         print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9}")
         for s in steps:
             ref = f"{s['reference_grad_norm']:.4f}" if s["reference_grad_norm"] is not None else "-"

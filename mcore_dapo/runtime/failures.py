@@ -57,10 +57,13 @@ def user_error_in_text(text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def last_exception_in_text(text: str) -> str | None:
-    """``[rank N: ]Type: message`` of the first traceback's exception in ``text``, None when there is none."""
+def exception_in_text(text: str, last: bool = False) -> str | None:
+    """``[rank N: ]Type: message`` of the first (``last``: the last) traceback's exception in ``text``, None
+    when there is none. The last of a process's log is its own uncaught exception; in it, the innermost
+    exception a Ray error carries (its remote traceback's last line)."""
     text = ANSI.sub("", text)
-    start = text.find("Traceback (most recent call last):")
+    marker = "Traceback (most recent call last):"
+    start = text.rfind(marker) if last else text.find(marker)
     if start < 0:
         return None
     m = EXCEPTION_LINE.search(text, start)
@@ -120,11 +123,31 @@ def summarize(records: list[dict], log_text: str = "") -> Failure:
     if records:
         r = records[0]
         return Failure(None, f"rank {r['rank']}: {r['type']}: {r['message']}")
-    exc = last_exception_in_text(log_text)
+    exc = exception_in_text(log_text)
     if exc:
         return Failure(None, exc)
     tail = [ln.strip() for ln in ANSI.sub("", log_text).splitlines() if ln.strip()]
     return Failure(None, tail[-1] if tail else "no output")
+
+
+CLI_ERROR_LINE = re.compile(r"^error: (.+?)\s*$", re.MULTILINE)  # how this project's entry points print a UserError
+
+
+def summarize_entry_point_log(log_text: str) -> Failure:
+    """A failed run of one of this project's entry points (``main_dapo`` under ``tiny-dapo``), from its log:
+    the one line it printed for a user mistake (raised in a Ray actor too), else a UserError in any
+    traceback, else its own uncaught exception."""
+    text = ANSI.sub("", log_text)
+    m = CLI_ERROR_LINE.search(text)
+    if m:
+        return Failure(m.group(1), m.group(1))
+    found = user_error_in_text(text)
+    if found:
+        return Failure(found, found)
+    exc = exception_in_text(text, last=True)
+    if exc:
+        return Failure(None, exc)
+    return summarize([], text)
 
 
 def keep_log(name: str, log_text: str, records: list[dict]) -> Path:

@@ -111,8 +111,18 @@ def main(argv=None) -> int:
         return 2
     from verl.trainer import main_ppo
 
+    from mcore_dapo.runtime.failures import user_error_line
+
     sys.argv = [sys.argv[0], *new]
-    main_ppo.main()
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises what the trainer raised instead of printing it
+    try:
+        main_ppo.main()
+    except Exception as e:  # a UserError raised in a Ray actor (the engine's checks) is its one line
+        line = user_error_line(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     return 0
 
 
