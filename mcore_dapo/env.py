@@ -80,6 +80,17 @@ def stack_pair(installed: dict) -> dict:
     return {**out, "ok": True, "pair": str(pair), "tested_by": pair.tested_by}
 
 
+def fast_path_report(adapter) -> list[dict]:
+    """Which fast paths run here (DeviceAdapter.fast_paths, for what this machine has installed) and, for each
+    one that does not, why; decided for an MoE model under expert parallelism (Qwen3-30B-A3B's recipes: the
+    MoE settings and MindSpeed's all-to-all overlap need both)."""
+    from types import SimpleNamespace
+
+    from mcore_dapo.bridge import Layout
+
+    return [p.as_dict() for p in adapter.fast_paths(SimpleNamespace(is_moe=True), Layout(ep=8))]
+
+
 def collect(device: str | None = None) -> dict:
     from mcore_dapo import __version__
     from mcore_dapo.devices import detect, get_adapter
@@ -112,6 +123,7 @@ def collect(device: str | None = None) -> dict:
         "patches": patches,
         "stack": stack,
         "missing": missing,
+        "fast_paths": fast_path_report(adapter),
     }
 
 
@@ -129,6 +141,11 @@ def render(info: dict) -> str:
     pair = info["stack_pair"]
     lines.append(f"  {'as a pair':20s} torch {pair['torch']} with megatron-core {pair['megatron-core']}: "
                  + (f"ok (tested: {pair['tested_by']})" if pair["ok"] else f"NOT SUPPORTED: {pair['why_not']}"))
+    if info.get("fast_paths"):
+        lines += ["", f"fast paths on {info['device']} here (an MoE model under expert parallelism):"]
+        for p in info["fast_paths"]:
+            state = "on " if p["on"] else "off"
+            lines.append(f"  {state} {p['setting']:34s} {p['reason']}")
     lines += ["", f"patches for {info['device']}:"]
     if not info["patches"]:
         lines.append("  none")

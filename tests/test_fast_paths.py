@@ -170,3 +170,59 @@ def test_te_grouped_mlp_parameters_and_checkpoint_keys_match_the_bridge():
         te_name = canonical_name(f"decoder.layers.3.mlp.experts.linear_fc{k}.weight5", {3: 27}, placement)
         seq_name = canonical_name(f"decoder.layers.3.mlp.experts.local_experts.5.linear_fc{k}.weight", {3: 27}, placement)
         assert te_name == seq_name == f"decoder.layers.27.mlp.experts.69.linear_fc{k}.weight"
+
+
+def test_plan_show_config_gives_each_layouts_megatron_settings_with_the_devices_recipe_stack(capsys):
+    import json
+
+    from mcore_dapo.bridge.megatron_config import transformer_config_kwargs
+    from mcore_dapo.cli.analysis import main as cli
+
+    assert cli(["plan", "--model", str(MODEL), "--nodes", "1", "--devices-per-node", "8", "--device", "h200",
+                "--top", "3", "--json", "--show-config"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["candidates"]) == 3
+    for row in out["candidates"]:
+        mc = row["megatron"]
+        assert row["device"] == "cuda" and row["stack"] == "Transformer Engine 2.6" and "mindspeed" not in row
+        # the layout's own sizes, the mapping's fields and the fast paths of TE on CUDA
+        assert mc["tensor_model_parallel_size"] == row["tp"] and mc["expert_model_parallel_size"] == row["ep"]
+        assert mc["moe_grouped_gemm"] is True and mc["moe_permute_fusion"] is True and mc["apply_rope_fusion"] is True
+        assert mc["bias_activation_fusion"] is True and mc["attention_backend"] == "flash"
+        assert mc["recompute_granularity"] == "full" and mc["moe_router_dtype"] == "fp32"
+        assert set(row["fast_paths_off"]) == {"moe_router_fusion", "gradient_accumulation_fusion"}
+        # every key is a field the mapping sets or a fast path (TransformerConfig field names)
+        mapped = set(transformer_config_kwargs(load_hf_config(MODEL), Layout(tp=row["tp"], ep=row["ep"])))
+        assert set(mc) - mapped <= {"moe_grouped_gemm", "moe_permute_fusion", "apply_rope_fusion", "attention_backend",
+                                     "bias_activation_fusion", "num_layers_in_first_pipeline_stage",
+                                     "num_layers_in_last_pipeline_stage", "recompute_granularity",
+                                     "recompute_method", "recompute_num_layers", "overlap_p2p_comm", "batch_p2p_comm",
+                                     "virtual_pipeline_model_parallel_size", "pipeline_model_parallel_size",
+                                     "context_parallel_size", "expert_tensor_parallel_size"}
+    assert cli(["plan", "--model", str(MODEL), "--nodes", "2", "--devices-per-node", "8", "--device", "a2",
+                "--top", "1", "--json", "--show-config"]) == 0
+    row = json.loads(capsys.readouterr().out)["candidates"][0]
+    assert row["device"] == "npu" and row["megatron"]["moe_grouped_gemm"] is True
+    assert row["mindspeed"]["use_fused_rmsnorm"] is True and row["mindspeed"]["use_flash_attn"] is True
+    assert row["mindspeed"]["moe_alltoall_overlap_comm"] is (row["ep"] > 1)
+    assert cli(["plan", "--model", str(MODEL), "--nodes", "1", "--devices-per-node", "8", "--device", "h100",
+                "--top", "1", "--show-config"]) == 0
+    text = capsys.readouterr().out
+    assert "#1 " in text and " on cuda (Transformer Engine 2.6):" in text and "moe_grouped_gemm=True" in text
+    assert "  off: moe_router_fusion: needs Transformer Engine >= 2.7" in text
+
+
+@pytest.mark.no_accelerator  # asserts what this host lacks: Transformer Engine, MindSpeed
+def test_env_says_which_fast_paths_run_here_and_why_the_others_do_not():
+    from mcore_dapo.env import collect, render
+
+    cuda = {p["setting"]: p for p in collect("cuda")["fast_paths"]}
+    assert cuda["bias_activation_fusion"]["on"] is True
+    assert cuda["moe_grouped_gemm"]["on"] is False
+    assert cuda["moe_grouped_gemm"]["reason"].startswith("transformer_engine does not import here")
+    npu = collect("npu")
+    assert all(not p["on"] and p["reason"].startswith("MindSpeed or torch_npu is not installed here")
+               for p in npu["fast_paths"])
+    text = render(npu)
+    assert "fast paths on npu here" in text and "off use_fused_rmsnorm" in text
+    assert all(not p["on"] for p in collect("cpu")["fast_paths"])

@@ -31,9 +31,21 @@ def _plan(a) -> int:
     ranked = plan(cfg, w, progress=None if a.json else _progress)
     shown = ranked if a.all else without_dominated_cp(ranked)
     if a.json:
-        print(json.dumps(as_json(cfg, w, ranked, shown, a.top), indent=1))
+        out = as_json(cfg, w, ranked, shown, a.top)
+        if a.show_config:  # the Megatron settings of each listed layout (plan/settings.py)
+            from mcore_dapo.plan.settings import layout_settings
+
+            for row, c in zip(out["candidates"], shown[:a.top]):
+                row.update(layout_settings(cfg, c.layout, w))
+        print(json.dumps(out, indent=1))
     else:
         print(render(cfg, w, ranked, shown, a.top))
+        if a.show_config:
+            from mcore_dapo.plan.settings import layout_settings, render_settings
+
+            for i, c in enumerate(shown[:a.top], 1):
+                print()
+                print("\n".join(render_settings(layout_settings(cfg, c.layout, w), f"#{i} {c.layout.describe()}")))
     return 0
 
 
@@ -110,6 +122,9 @@ def add_commands(sub) -> None:
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--all", action="store_true", help="also list CP variants that need no less memory and are slower")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--show-config", action="store_true",
+                   help="for each listed layout, the Megatron settings the engine uses on the device with its recipe's "
+                        "stack (Transformer Engine on CUDA, MindSpeed on Ascend); JSON keys megatron, mindspeed")
     p.set_defaults(fn=_plan)
 
     p = sub.add_parser("metrics", help="throughputs and summaries of verl console logs, with plots")

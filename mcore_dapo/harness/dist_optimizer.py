@@ -62,7 +62,7 @@ def build(a, bridge, adapter, info, distributed: bool):
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.runtime.model import build_model, load_hf_weights
 
-    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0)
+    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0, wrapped_in_ddp=True)
     with HFReader(a.hf_path) as reader:
         load_hf_weights(chunks, bridge, reader, info)
     if tf.bf16:

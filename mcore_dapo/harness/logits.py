@@ -69,7 +69,8 @@ def run(a) -> dict:
     stages = {k: v for k, v in (("num_layers_in_first_pipeline_stage", a.first),
                                  ("num_layers_in_last_pipeline_stage", a.last)) if v is not None}
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0,
-                             make_vocab_size_divisible_by=a.vocab_divisible_by, overrides=stages or None)
+                             make_vocab_size_divisible_by=a.vocab_divisible_by, overrides=stages or None,
+                             wrapped_in_ddp=a.backward)
     key_layout = None
     if a.mcore_path:
         from mcore_dapo.io.dist_ckpt import load_dist_checkpoint
