@@ -178,3 +178,20 @@ def test_cuda_and_npu_adapters_answer_here_without_a_device():
     assert npu.feature_flags(None, 1) == {"use_flash_attn": True}
     assert npu.feature_flags({"use_flash_attn": False, "use_fused_rmsnorm": True}, 2) == {
         "use_flash_attn": False, "use_fused_rmsnorm": True, "context_parallel_size": 2}
+
+
+def test_the_adapters_answer_what_a_vllm_engine_beside_the_trainer_needs():
+    """Ray resources, vLLM's memory arguments and environment, the model check: asked of the adapter
+    (sync-bench --rollout vllm, selfcheck's rollout_sync), not branched on the device's name."""
+    cpu, cuda, npu = get_adapter("cpu"), get_adapter("cuda"), get_adapter("npu")
+    assert cpu.rollout_ray_resources() == ({"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0})
+    assert cuda.rollout_ray_resources() == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})
+    assert npu.rollout_ray_resources() == ({"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}})
+    assert cpu.rollout_engine_settings(0.3) == ({"VLLM_CPU_KVCACHE_SPACE": "1"}, {})
+    for a in (cuda, npu):
+        assert a.rollout_engine_settings(0.3) == ({}, {"gpu_memory_utilization": 0.3})
+        a.check_rollout_model(16)  # a device's attention kernels take head_dim 16
+    with pytest.raises(UserError, match=r"^head_dim=16 is not supported by vLLM's CPU attention"):
+        cpu.check_rollout_model(16)
+    cpu.check_rollout_model(32)
+    assert cpu.device_identity() is None and npu.device_identity() is None

@@ -52,11 +52,11 @@ def _validated(a):
     if a.repeat < 1:
         raise accepted("--repeat", a.repeat, "at least 1")
     if a.rollout == "vllm":
-        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim, require_vllm
+        from mcore_dapo.devices import get_adapter
+        from mcore_dapo.resharding.vllm_target import require_vllm
 
         require_vllm()
-        if a.device == "cpu":
-            check_cpu_head_dim(cfg.head_dim)
+        get_adapter(a.device).check_rollout_model(cfg.head_dim)  # vLLM's CPU attention: its head sizes
     if a.output_ring < 0:
         raise accepted("--output-ring", a.output_ring, "0 or more")
     if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):

@@ -148,6 +148,25 @@ class DeviceAdapter(ABC):
     def check_context_parallel(self, cp: int) -> None:
         """Raise a one-line UserError when this device cannot run context parallelism of size ``cp``."""
 
+    # -- a vLLM engine beside the trainer (sync-bench --rollout vllm, selfcheck's rollout_sync) ----------
+    def rollout_ray_resources(self) -> tuple[dict, dict]:
+        """(``ray.init`` arguments, the engine actor's options): one device for the actor (Ray sets
+        CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved."""
+        raise NotImplementedError(f"no rollout engine resources for {self.name}")
+
+    def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
+        """(environment defaults, ``vllm.LLM`` keyword arguments) of the engine on this device: on a device,
+        its share of the device's memory, the rest left to the Megatron model beside it."""
+        return {}, {"gpu_memory_utilization": gpu_memory_utilization}
+
+    def check_rollout_model(self, head_dim: int) -> None:
+        """Raise a one-line UserError when this device's vLLM cannot run the model (nothing refused here)."""
+
+    def device_identity(self) -> str | None:
+        """The physical identity of this process's current device, where it can be read (None elsewhere):
+        the engine and the sending rank must share one device for verl's IPC weight transfer."""
+        return None
+
     def init_distributed(self, timeout_s: int = 600) -> None:
         """torch.distributed from torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR...)."""
         import datetime

@@ -73,6 +73,18 @@ class CpuAdapter(DeviceAdapter):
     def packed_sequences_supported(self) -> bool:
         return False
 
+    def rollout_ray_resources(self) -> tuple[dict, dict]:
+        return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
+
+    def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
+        """vLLM's CPU build: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, where not set), no device memory share."""
+        return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}
+
+    def check_rollout_model(self, head_dim: int) -> None:
+        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim
+
+        check_cpu_head_dim(head_dim)
+
     def check_context_parallel(self, cp: int) -> None:
         if cp > 1:
             raise UserError(f"cp={cp} is not accepted on the CPU: context parallelism needs Transformer Engine "

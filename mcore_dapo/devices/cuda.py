@@ -71,6 +71,14 @@ class CudaAdapter(DeviceAdapter):
 
         return torch.device("cuda", local_rank)
 
+    def rollout_ray_resources(self) -> tuple[dict, dict]:
+        return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}  # the first visible GPU, rank 0's cuda:0
+
+    def device_identity(self) -> str | None:
+        import torch
+
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
     def set_device(self, local_rank: int) -> None:
         import torch
 

@@ -88,6 +88,10 @@ class NpuAdapter(DeviceAdapter):
     def detect(cls) -> bool:
         return importlib.util.find_spec("torch_npu") is not None
 
+    def rollout_ray_resources(self) -> tuple[dict, dict]:
+        # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES
+        return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
+
     def prepare(self) -> None:
         if self._prepared:
             return

@@ -83,7 +83,7 @@ def run(a) -> dict:
             _status(a, "starting vLLM (dummy weights)")
             host = start_engine_host(a.hf_path, a.device, load_format="dummy", dtype=VLLM_DTYPE[dtype],
                                      gpu_memory_utilization=a.gpu_memory_utilization)
-            if a.device != "cpu":  # vLLM sizes its share of the device before the model is built beside it
+            if adapter_dev.has_device_memory():  # vLLM sizes its share of the device before the model beside it
                 ray.get(host.config.remote())
             adapter = _rollout_adapter(max(1, int(a.bucket_mb)))
         try:

@@ -94,7 +94,7 @@ class ReadBackExtension(_read_back_base()):
         bad = []
         for name, t in {**tensors, **packed}.items():
             p = params.get(name)
-            if p is None or p.dtype != t.dtype or not torch.equal(p.detach().cpu(), t):
+            if p is None or not same_weights(name, p.detach().cpu(), t):
                 bad.append(name)
         return bad
 
@@ -113,21 +113,22 @@ class VllmEngineHost:
         os.environ["VERL_RAY_JOB_ID"] = job_id  # what verl's server sets for its workers' ZMQ socket names
         os.environ["VERL_REPLICA_RANK"] = "0"
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this actor: one start
-        if device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         import json
         from pathlib import Path
 
-        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim, require_vllm
+        from mcore_dapo.devices import get_adapter
+        from mcore_dapo.resharding.vllm_target import require_vllm
 
+        adapter = get_adapter(device)
+        env, memory = adapter.rollout_engine_settings(gpu_memory_utilization)
+        for k, v in env.items():
+            os.environ.setdefault(k, v)
         require_vllm()
         self.hf_config = json.loads((Path(hf_path) / "config.json").read_text())
-        if device == "cpu":
-            check_cpu_head_dim(self.hf_config.get("head_dim") or
-                               self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
+        adapter.check_rollout_model(self.hf_config.get("head_dim") or
+                                    self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
         from vllm import LLM
 
-        memory = {} if device == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
         self.llm = LLM(model=str(hf_path), dtype=dtype, enforce_eager=True, skip_tokenizer_init=True,
                        load_format=load_format, worker_extension_cls=WORKER_EXTENSION, max_model_len=max_model_len,
                        seed=0, **memory)
@@ -174,26 +175,36 @@ class VllmEngineHost:
 
 
 STACKED = ("w13_weight", "w2_weight")  # vLLM's stacked expert weights (FusedMoE)
+VOCAB = ("embed_tokens.weight", "lm_head.weight")  # vocabulary rows, which vLLM pads (to a multiple of 64)
+
+
+def same_weights(name: str, engine: torch.Tensor, exported: torch.Tensor) -> bool:
+    """The engine's parameter holds the exported tensor bit for bit. vLLM pads a vocabulary tensor's rows
+    (VocabParallelEmbedding, ParallelLMHead) past the model's vocabulary; the export is unpadded, so only
+    the rows of the real vocabulary are compared (the padded rows are never read for a real token)."""
+    if engine.dtype != exported.dtype:
+        return False
+    if (name.endswith(VOCAB) and engine.dim() == exported.dim() and engine.shape[0] > exported.shape[0]
+            and engine.shape[1:] == exported.shape[1:]):
+        engine = engine[: exported.shape[0]]
+    return engine.shape == exported.shape and torch.equal(engine, exported)
 
 
 def device_uuid(device: str) -> str | None:
     """The physical identity of this process's current CUDA device (None elsewhere): the engine and the
-    sending rank must share one device for verl's IPC weight transfer."""
-    if device != "cuda":
-        return None
-    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    sending rank must share one device for verl's IPC weight transfer (the device adapter's answer)."""
+    from mcore_dapo.devices import get_adapter
+
+    return get_adapter(device).device_identity()
 
 
 def engine_actor_options(device: str) -> tuple[dict, dict]:
     """(``ray.init`` arguments, the engine actor's options) for a rollout engine on ``device``: one device
-    for the actor (Ray sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved."""
-    if device == "cpu":
-        return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
-    if device == "cuda":  # one GPU known to Ray: the first visible one, which rank 0 uses as cuda:0
-        return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}
-    if device == "npu":  # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py)
-        return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
-    raise ValueError(device)
+    for the actor (Ray sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved:
+    the device adapter's :meth:`~mcore_dapo.devices.base.DeviceAdapter.rollout_ray_resources`."""
+    from mcore_dapo.devices import get_adapter
+
+    return get_adapter(device).rollout_ray_resources()
 
 
 def start_engine_host(hf_path: str, device: str = "cpu", **engine_kwargs):
@@ -244,8 +255,7 @@ def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict, prefix: str = "experts.r
 def compare(engine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict:
     missing = sorted(set(want) - set(engine))
     extra = sorted(set(engine) - set(want))
-    differ = sorted(n for n in set(want) & set(engine)
-                    if engine[n].dtype != want[n].dtype or not torch.equal(engine[n], want[n]))
+    differ = sorted(n for n in set(want) & set(engine) if not same_weights(n, engine[n], want[n]))
     return {"params": len(engine), "missing": missing[:3], "extra": extra[:3], "differ": len(differ),
             "first_differ": differ[0] if differ else None,
             "exact": not missing and not extra and not differ}
