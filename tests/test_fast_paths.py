@@ -68,13 +68,13 @@ def test_ascend_turns_on_mindspeeds_flags_where_their_conditions_hold(qwen3_30b)
                      "use_fused_rotary_pos_emb": True, "gemm_gradient_accumulation_fusion": True,
                      "moe_permutation_async_comm": True, "moe_alltoall_overlap_comm": True}
     assert npu.fast_path_fields(qwen3_30b, Layout(tp=4, ep=2), recipe=True) == {
-        "moe_grouped_gemm": True, "bias_activation_fusion": True}
+        "moe_grouped_gemm": True, "moe_permute_fusion": True, "bias_activation_fusion": True}
     # mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1 and the alltoall dispatcher
     at_ep1 = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(tp=8), recipe=True)}
     assert not at_ep1["moe_alltoall_overlap_comm"].on
     assert at_ep1["moe_alltoall_overlap_comm"].reason.startswith("needs expert_model_parallel_size > 1")
     allgather = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(ep=8), recipe=True, dispatcher="allgather")}
-    assert not allgather["moe_alltoall_overlap_comm"].on
+    assert not allgather["moe_alltoall_overlap_comm"].on and not allgather["moe_permute_fusion"].on
     # repatch applies features without their validate_args (mindspeed/megatron_adaptor.py): refused here instead
     with pytest.raises(UserError) as e:
         npu.check_fast_path_overrides(qwen3_30b, Layout(tp=8), {"moe_alltoall_overlap_comm": True}, recipe=True)

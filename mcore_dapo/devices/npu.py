@@ -205,6 +205,17 @@ class NpuAdapter(DeviceAdapter):
         if cfg.is_moe:
             add("moe_grouped_gemm", "megatron", "TEGroupedMLP on MindSpeed's grouped linear, "
                 "torch_npu.npu_grouped_matmul (mindspeed/te/pytorch/module/grouped_linear.py)")
+            permute = "npu_moe_token_permute_with_routing_map (mindspeed/features_manager/fusions/fused_moe_permute.py)"
+            lacking = [] if recipe or not have else [
+                a for a in ("npu_moe_token_permute_with_routing_map", "npu_moe_token_unpermute_with_routing_map")
+                if not hasattr(importlib.import_module("torch_npu"), a)]
+            if lacking:  # MindSpeed's validate_args would turn it off with a warning; repatch does not validate
+                paths.append(FastPath("moe_permute_fusion", True, False, f"torch_npu here lacks {', '.join(lacking)} "
+                                      "(CANN >= 8.3.RC1 and torch_npu 7.2.RC1 have them, mindspeed/features_manager/"
+                                      "fusions/fused_moe_permute.py)", missing_software=True))
+            else:
+                add("moe_permute_fusion", "megatron", permute, ok=dispatcher != "allgather",
+                    why=f"needs the alltoall dispatcher, the layout has {dispatcher} ({permute})")
         add("use_flash_attn", "mindspeed", "npu_fusion_attention "
             "(mindspeed/features_manager/transformer/flash_attention/fusion_attention_v1_feature.py)")
         add("use_fused_rmsnorm", "mindspeed", "npu_rms_norm (mindspeed/core/fusions/fused_rms_norm.py; "
