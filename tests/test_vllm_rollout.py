@@ -1,7 +1,8 @@
 """The real vLLM (CPU build) as the rollout engine: trained Megatron weights through verl's own vLLM
 weight-update path (ServerAdapter.update_weights -> ZMQ/shared memory -> verl's worker extension ->
 vLLM's Qwen3MoeForCausalLM.load_weights), under TP1/EP2, TP2/EP2 and PP2/EP2 in one torchrun launch
-with one vLLM engine."""
+with one vLLM engine. The model's vocabulary (300) is one vLLM pads (to 320): the engine's parameters are
+compared with the unpadded export over the real vocabulary's rows."""
 
 import pytest
 
@@ -19,7 +20,7 @@ LAYOUTS = ("tp1-ep2", "tp2-ep2", "pp2-ep2")
 def tiny_moe32(tmp_path_factory):
     from mcore_dapo.harness.tiny import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny32") / "tiny-qwen3-moe", seed=0, head_dim=32)
+    return make_tiny_model(tmp_path_factory.mktemp("tiny32") / "tiny-qwen3-moe", seed=0, head_dim=32, vocab_size=300)
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,25 @@ def test_wrong_engine_model_is_refused_naming_the_mismatch(run):
     assert "model.layers.3." in m["fewer_layers"]
     assert "has shape" in m["wider"]
     assert "LlamaForCausalLM" in m["architecture"]
+
+
+def test_a_padded_vocabulary_is_compared_over_its_real_rows():
+    """vLLM pads embed_tokens / lm_head past the vocabulary (rows its dummy or earlier weights fill); the export
+    has the real rows only: those are compared, bit for bit, and nothing else is cut."""
+    import torch
+
+    from mcore_dapo.harness.vllm_sync import compare, same_weights
+
+    export = torch.randn(300, 8)
+    engine = torch.cat([export, torch.randn(20, 8)])  # padded to 320
+    names = ("model.embed_tokens.weight", "lm_head.weight")
+    assert compare({n: engine for n in names}, {n: export for n in names})["exact"]
+    wrong = engine.clone()
+    wrong[299, 0] += 1.0  # the last real row
+    assert compare({n: wrong for n in names}, {n: export for n in names})["differ"] == 2
+    assert not same_weights("model.layers.0.mlp.gate.weight", engine, export)  # not a vocabulary tensor
+    assert not same_weights("lm_head.weight", engine.double(), export)
+    assert not same_weights("lm_head.weight", engine[:299], export)  # fewer rows than the vocabulary
 
 
 def test_unsupported_head_dim_is_one_line():
