@@ -209,12 +209,13 @@ def read_metrics(path: Path) -> list[dict]:
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
-        extra: tuple[str, ...] = (), teach_p: float | None = None) -> dict:
+        extra: tuple[str, ...] = (), teach_p: float | None = None, kill_when=None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
-    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`)."""
+    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`); ``kill_when``: every
+    process of the trainer is SIGKILLed once it returns True (:func:`mcore_dapo.runtime.launch.run_session`)."""
     import shutil
 
     workdir = Path(workdir).absolute()
@@ -235,7 +236,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay), *more, *extra]
     t0 = time.time()
-    returncode, error = run_bounded(cmd, workdir, env, timeout, steps)
+    returncode, error = run_bounded(cmd, workdir, env, timeout, steps, kill_when)
     records = read_metrics(log)
     result = {"returncode": returncode, "error": error, "rollout": rollout, "seconds": round(time.time() - t0, 1),
               "steps": len(records),
@@ -250,14 +251,15 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     return result
 
 
-def run_bounded(cmd: list[str], workdir: Path, env: dict, timeout: float, steps: int) -> tuple[int | None, str | None]:
+def run_bounded(cmd: list[str], workdir: Path, env: dict, timeout: float, steps: int,
+                kill_when=None) -> tuple[int | None, str | None]:
     """Run verl's trainer in its own session; past ``timeout`` it is stopped with every process it started
     (Ray's too), and the reason comes back as one line: verl 0.9.1 ignores ``max_num_gen_batches``, so a run
     whose groups all score alike regenerates without end."""
     from mcore_dapo.runtime.launch import run_session
 
     with open(workdir / "train.log", "w") as out:
-        returncode = run_session(cmd, env, out, timeout, cwd=workdir)
+        returncode = run_session(cmd, env, out, timeout, cwd=workdir, kill_when=kill_when)
     if returncode is not None:
         return returncode, None
     return None, (f"verl's trainer did not finish {steps} steps in {timeout:.0f} s and was stopped (with "

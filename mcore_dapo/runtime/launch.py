@@ -123,15 +123,30 @@ def finish_worker(result: dict | None, out: str | None) -> int:
     return 0
 
 
-def run_session(cmd: list[str], env: dict, sink, timeout: float | None, cwd=None) -> int | None:
+def run_session(cmd: list[str], env: dict, sink, timeout: float | None, cwd=None, kill_when=None) -> int | None:
     """``cmd`` in a new session, its output to ``sink`` (a file; None: this terminal); its exit code (None
-    past ``timeout``); then every process of the session killed (Ray's and torchrun's helpers too)."""
+    past ``timeout``); then every process of the session killed (Ray's and torchrun's helpers too).
+    ``kill_when``: a function asked every 0.1 s; once it returns True every process of the session gets
+    SIGKILL at once (as a lost node or an OOM killer would stop a run), and the exit code is ``-SIGKILL``."""
     import signal
+    import time
 
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if sink else None, env=env,
                             start_new_session=True, cwd=cwd)
     try:
-        returncode = proc.wait(timeout=timeout)
+        if kill_when is None:
+            returncode = proc.wait(timeout=timeout)
+        else:
+            end = None if timeout is None else time.monotonic() + timeout
+            returncode = None
+            while proc.poll() is None and (end is None or time.monotonic() < end):
+                if kill_when():
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    returncode = -signal.SIGKILL
+                    break
+                time.sleep(0.1)
+            if returncode is None and proc.poll() is not None:
+                returncode = proc.returncode
     except subprocess.TimeoutExpired:
         returncode = None
     finally:

@@ -122,3 +122,38 @@ def router_grad_norms(chunks) -> dict[int, float]:
         if g is not None:
             out[int(number)] = float(g.detach().float().norm())
     return out
+
+
+def checkpoint_state(engine, kind: str, step) -> None:
+    """What the engine holds right after a checkpoint ``save`` or ``load`` (``D/checkpoint-<kind>-<step>/``,
+    one file a rank): the model's parameters, each optimizer's parameters (the distributed optimizer's fp32
+    main shards) with their Adam state, the LR scheduler's state and the RNG states verl's checkpoint
+    manager saves. A resumed run's ``load`` against the interrupted run's ``save`` shows what was restored."""
+    import torch.distributed as dist
+
+    folder = Path(os.environ[ENV]) / f"checkpoint-{kind}-{step}"
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save(held_state(engine), folder / f"rank{dist.get_rank():03d}.pt")
+
+
+def held_state(engine) -> dict:
+    import random
+
+    import numpy as np
+    from megatron.core import tensor_parallel
+
+    model = {f"{i}.{name}": p.detach().clone() for i, chunk in enumerate(engine.module)
+             for name, p in chunk.named_parameters()}
+    subs = getattr(engine.optimizer, "chained_optimizers", None) or [engine.optimizer]
+    optim = []
+    for sub in subs:
+        inner = getattr(sub, "optimizer", sub)  # Megatron's wrapper around torch's AdamW
+        for group in inner.param_groups:
+            for p in group["params"]:
+                optim.append({"param": p.detach().clone(),
+                              **{k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in inner.state[p].items()}})
+    rng = {"random": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+           "tracker": {k: v.clone() for k, v in tensor_parallel.get_cuda_rng_tracker().get_states().items()}}
+    sched = engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None
+    return {"model": model, "optimizer": optim, "lr_scheduler": sched, "rng": rng,
+            "lr": [float(g["lr"]) for sub in subs for g in getattr(sub, "optimizer", sub).param_groups]}

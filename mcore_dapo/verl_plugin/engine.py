@@ -17,6 +17,8 @@ checkpoint manager, is verl's):
 * ``to`` / ``train_mode`` / ``eval_mode`` / ``save_checkpoint`` on the CPU only: verl's offload helpers
   run there too (param/grad/optimizer offload), with load and offload told apart although the device
   and the host are both "cpu";
+* ``initialize``: verl's, then its checkpoint manager made :mod:`mcore_dapo.verl_plugin.checkpoint`'s (atomic
+  saves, the distributed optimizer in a format another layout loads, one-line checks before a load);
 * ``train_batch``: verl's, plus the audit of :mod:`mcore_dapo.verl_plugin.audit` when
   ``MCORE_DAPO_AUDIT_DIR`` is set.
 
@@ -74,6 +76,13 @@ def engine_class():
 
         def _build_tf_config(self):
             _build_tf_config(self)
+
+        def initialize(self):
+            super().initialize()
+            from mcore_dapo.verl_plugin import checkpoint
+
+            # atomic saves, the reshardable optimizer format, checks before a load (verl_plugin/checkpoint.py)
+            checkpoint.install(self)
 
         def _build_megatron_module(self):
             return _build_megatron_module(self)

@@ -49,9 +49,24 @@ class HFWeightsIO:
             out.parent.mkdir(parents=True, exist_ok=True)
             with output.staged(out, overwrite=True) as partial:
                 index = write_hf_shards(weights, partial, shard_bytes)
+                keep_beside_weights(out, partial)
         else:
             for _ in weights:
                 pass
         if dist.is_initialized():
             dist.barrier()
         return index
+
+
+def keep_beside_weights(old: Path, new: Path) -> None:
+    """What ``old`` holds beside weights (verl's checkpoint manager writes config.json, the tokenizer and
+    generation_config.json into ``model/huggingface`` before it asks for the weights) goes into ``new``, which
+    replaces it: without them the folder does not load in transformers."""
+    import shutil
+
+    if not old.is_dir():
+        return
+    for p in old.iterdir():
+        weights = p.name.endswith(".safetensors") or p.name == "model.safetensors.index.json"
+        if p.is_file() and not weights and not (new / p.name).exists():
+            shutil.copy2(p, new / p.name)

@@ -10,8 +10,10 @@ this module gives verl the same three pieces on the CPU, with HF transformers as
   temperature / top-p / top-k and ``ignore_eos``, the response length rules of verl's vLLM
   server, optional log-probs, and with ``rollout.enable_rollout_routing_replay`` the routed
   experts of every token fed, from its own routers (router replay R3); ``repetition_penalty``
-  and per-request seeds are not applied (the server's generator is seeded from ``rollout.seed``
-  and the replica rank); weights
+  and per-request seeds are not applied (the server's generator is seeded from ``rollout.seed``,
+  the replica rank and the step of the weights it holds, again at each new step, and requests are
+  served in the order they arrive: a run resumed from a checkpoint samples what the uninterrupted run
+  sampled after that step); weights
   arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
 * :class:`CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
 * :class:`CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the trainer
@@ -158,6 +160,7 @@ class CpuRolloutServer:
         self.eos = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
         self.generator = torch.Generator().manual_seed(int(self.config.seed) + replica_rank)
         self.lock = threading.Lock()  # one generation at a time; the weights change only between steps
+        self.queue = None  # asyncio.Lock (FIFO), made in the actor's event loop
         self.global_steps = None
         self.weights_loaded = 0
         self.requests = 0
@@ -179,7 +182,10 @@ class CpuRolloutServer:
                               eos=set() if params.get("ignore_eos") else self.eos, generator=self.generator,
                               want_logprobs=want_logprobs, want_routes=want_routes)
 
-        tokens, logprobs, reason, *routes = await asyncio.to_thread(run)
+        if self.queue is None:
+            self.queue = asyncio.Lock()
+        async with self.queue:  # in arrival order (threading.Lock's waiters wake in no fixed order)
+            tokens, logprobs, reason, *routes = await asyncio.to_thread(run)
         self.requests += 1
         return TokenOutput(token_ids=tokens, log_probs=logprobs, stop_reason=reason,
                            routed_experts=routes[0].numpy() if routes else None,
@@ -188,6 +194,13 @@ class CpuRolloutServer:
     def load_weights(self, weights: list, global_steps=None) -> int:
         with self.lock:
             names = self.receiver.load_weights(weights)
+        if global_steps is not None and global_steps != self.global_steps:
+            # the generator restarts with each weight version: what a step samples does not depend on how many
+            # draws earlier steps and validations took (a resumed run has not made them)
+            import zlib
+
+            key = repr((int(self.config.seed), self.replica_rank, int(global_steps))).encode()
+            self.generator.manual_seed(zlib.crc32(key))
         if global_steps is not None:
             self.global_steps = global_steps
         self.weights_loaded += len(names)

@@ -54,7 +54,10 @@ def _keeps_step(original):
             return original(self, model_param, tensors)
         finally:
             if step is not None:
-                state["step"] = step
+                # load_state_dict gives every parameter the same step tensor ("Extract 'step', for non-Apex/TE
+                # support"), and torch's AdamW adds 1 to each parameter's step in place: shared, the first step
+                # after a resume would advance it once per parameter (Adam's bias correction off)
+                state["step"] = step.clone()
 
     return _set_main_param_and_optimizer_states
 

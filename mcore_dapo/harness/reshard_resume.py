@@ -1,0 +1,300 @@
+"""A checkpoint of verl's engine resumed under another layout, optimizer state included.
+
+``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume save --hf-path DIR --work W``
+``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume resume --hf-path DIR --work W --tp 2 --ep 2``
+
+Through verl's worker calls (``ActorRolloutRefWorker`` -> the plugin's ``McoreDapoEngine``, the distributed
+optimizer, verl's LR scheduler restored from the checkpoint as the launch scripts set it), as
+:mod:`mcore_dapo.harness.verl_engine` drives them. ``save`` (EP2): update 1 on batch A, ``save_checkpoint``
+(step 1), update 2 on batch B: the uninterrupted run, whose loss, grad norm and weights after update 2
+(the export, bf16) are written to ``W``. In the same processes two more workers load the checkpoint
+under the same layout: one with everything (its update 2 must be the uninterrupted one exactly), one with
+the weights and RNG alone (``checkpoint.load_contents=[model, extra]``: a fresh Adam, the control that
+shows how far an update lands without the optimizer state). ``resume`` (another layout): load, update 2,
+compared with the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+BATCH_A, BATCH_B = 7, 8
+_ENGINE: list = []
+A = "actor_rollout_ref.actor"
+
+
+def start(a, tp: int, pp: int, ep: int, extra: tuple[str, ...] = ()):
+    from transformers import AutoConfig
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from mcore_dapo.harness.verl_dapo import make_batch
+    from mcore_dapo.harness.verl_engine import dist_world, overrides, rollout_batch
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    args = overrides(a.hf_path, ep, tp, pp, world=dist_world(), device=a.device, dist_optimizer=True)
+    # the launch scripts' setting: the LR scheduler's state comes from the checkpoint (verl's default: not)
+    c = compose(rewrite([*args, f"{A}.optim.use_checkpoint_opt_param_scheduler=True",
+                         f"{A}.optim.lr_warmup_steps=0", *extra]))
+    worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
+    worker.init_model()
+    if not _ENGINE:
+        _ENGINE.append(worker.actor.engine)  # the run's first: the one a killed save uses
+    vocab = AutoConfig.from_pretrained(a.hf_path).vocab_size
+    batches = {s: make_batch(vocab, seed=s) for s in (BATCH_A, BATCH_B)}
+    return worker, worker.actor.engine, {s: (b, rollout_batch(b)) for s, b in batches.items()}
+
+
+def update(worker, engine, batch, data) -> dict:
+    """verl's compute_log_prob then update_actor on ``batch`` (:func:`verl_engine._old_policy`'s old policy)."""
+    from verl.utils import tensordict_utils as tu
+
+    from mcore_dapo.harness.verl_dapo import GROUPS, N
+    from mcore_dapo.harness.verl_engine import _old_policy, _scalar, _shared, dispatch, engine_batch
+
+    old = _old_policy(worker, engine, batch, data)
+    td = engine_batch(data, old)
+    mini = GROUPS * N
+    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                         global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
+                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    lr = float(engine.optimizer.param_groups[0]["lr"])
+    out = worker.update_actor(dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank()))
+    metrics = _shared(engine, tu.get(out, "metrics") if out is not None else None)
+    return {"loss": float(_scalar(metrics["loss"])), "grad_norm": float(_scalar(metrics["grad_norm"])), "lr": lr,
+            "scheduler_steps": int(engine.lr_scheduler.num_steps)}
+
+
+def export(engine) -> dict[str, torch.Tensor]:
+    return {n: t.detach().clone() for n, t in engine.get_per_tensor_param()[0]}
+
+
+def against(got: dict, want: dict, start: dict | None = None) -> dict:
+    """Weights of an update against the uninterrupted run's: exact equality, the largest difference, and the
+    share of elements more than one bf16 step apart (:func:`verl_dapo.beyond_one_step`)."""
+    from mcore_dapo.harness.verl_dapo import beyond_one_step
+
+    beyond = total = moved = 0
+    worst = 0.0
+    differ = []
+    for n, w in want.items():
+        g = got[n]
+        if not torch.equal(g, w):
+            differ.append(n)
+        worst = max(worst, float((g.float() - w.float()).abs().max()))
+        beyond += int(beyond_one_step(g, w.float()).sum())
+        total += w.numel()
+        if start is not None:
+            moved += int((w != start[n]).sum())
+    out = {"tensors": len(want), "differ": len(differ), "max_abs_diff": worst, "beyond_one_bf16_step": beyond / total}
+    if start is not None:
+        out["moved_by_update"] = moved / total
+    return out
+
+
+POINTS = ("optimizer", "model", "tracker")
+
+
+def write_tracker(root: Path, step: int) -> None:
+    """What verl's trainer writes once a checkpoint's save returned (verl/trainer/ppo/v1/trainer_base.py
+    ``_save_checkpoint``: ``latest_checkpointed_iteration.txt`` beside the ``global_step_N`` folders)."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    dist.barrier()
+
+
+def kill_all() -> None:
+    """SIGKILL to every process of the launch at once (torchrun and its ranks share the process group)."""
+    import os
+    import signal
+
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def killed_save(engine, folder: Path, step: int, point: str) -> None:
+    """``save_checkpoint`` of ``step`` killed at ``point``: once the optimizer's dist checkpoint is written
+    (before the model's HF weights), while the model's HF shards are written (after the first, before the
+    folder holding them is complete), or after the save returned but before the trainer's tracker is written."""
+    import torch.distributed as dist
+
+    mgr = engine.checkpoint_mananager
+    if point == "optimizer":
+        own = mgr._save_dist_checkpoint
+
+        def save_then_die(path, state_dict):
+            out = own(path, state_dict)
+            if "optimizer" in state_dict:
+                dist.barrier()
+                if dist.get_rank() == 0:
+                    kill_all()
+            return out
+
+        mgr._save_dist_checkpoint = save_then_die
+    elif point == "model":
+        from mcore_dapo.io import hf_shards
+
+        writer = hf_shards.write_hf_shards
+
+        def write_then_die(weights, out, shard_bytes):
+            writer(weights, out, shard_bytes)  # every shard and the index, in the .partial folder
+            kill_all()
+
+        hf_shards.write_hf_shards = write_then_die
+    engine.save_checkpoint(str(folder), global_step=step)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        kill_all()  # "tracker": the save returned, the trainer's tracker still names the previous step
+
+
+def restored_pieces(held: dict, loaded: dict) -> list[str]:
+    """The pieces of :func:`mcore_dapo.verl_plugin.audit.held_state` that differ between what an engine held at
+    a save and what another holds after loading it (same layout: the same shards in the same order);
+    optimizer entries by index and key."""
+    from mcore_dapo.harness.resume import _same
+
+    out = [k for k in ("model", "lr_scheduler", "rng", "lr") if not _same(held[k], loaded[k])]
+    if len(held["optimizer"]) != len(loaded["optimizer"]):
+        return out + ["optimizer: entries"]
+    for i, (h, l) in enumerate(zip(held["optimizer"], loaded["optimizer"])):
+        out += [f"optimizer[{i}].{k}" for k in sorted(h.keys() | l.keys()) if k not in h or k not in l
+                or not _same(h[k], l[k])]
+    return out
+
+
+def _all_ranks(items: list[str]) -> list[str]:
+    import torch.distributed as dist
+
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, items)
+    return sorted({x for r in every for x in r})
+
+
+def save_run(a) -> dict:
+    import torch.distributed as dist
+
+    work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
+    worker, engine, batches = start(a, a.tp, a.pp, a.ep)
+    first = update(worker, engine, *batches[BATCH_A])
+    t = time.perf_counter()
+    engine.save_checkpoint(str(folder), global_step=1)
+    save_s = time.perf_counter() - t
+    write_tracker(work, 1)
+    at_save = export(engine)
+    from mcore_dapo.verl_plugin.audit import held_state
+
+    held = held_state(engine)
+    second = update(worker, engine, *batches[BATCH_B])
+    want = export(engine)
+    rank = dist.get_rank()
+    if rank == 0:
+        torch.save({"update": second, "weights": want, "at_save": at_save}, work / "uninterrupted.pt")
+    out = {"layout": engine.mapping.layout.describe(), "first": first, "uninterrupted": second,
+           "save_seconds": round(save_s, 2)}
+    # the same layout: everything loaded, then the weights and RNG alone (a fresh optimizer: the control)
+    for name, extra in (("same_layout", ()), ("without_optimizer", (f"{A}.checkpoint.load_contents=[model,extra]",))):
+        w2, e2, b2 = start(a, a.tp, a.pp, a.ep, extra)
+        e2.load_checkpoint(str(folder), del_local_after_load=False)
+        loaded = export(e2)
+        restored = restored_pieces(held, held_state(e2))
+        r = update(w2, e2, *b2[BATCH_B])
+        out[name] = {"update": r, "loaded_vs_saved": against(loaded, at_save), "restored_differ": _all_ranks(restored),
+                     "weights": against(export(e2), want, at_save)}
+    return out if rank == 0 else None
+
+
+def resume_run(a) -> dict:
+    import torch.distributed as dist
+
+    work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
+    worker, engine, batches = start(a, a.tp, a.pp, a.ep)
+    t = time.perf_counter()
+    engine.load_checkpoint(str(folder), del_local_after_load=False)
+    load_s = time.perf_counter() - t
+    loaded = export(engine)
+    r = update(worker, engine, *batches[BATCH_B])
+    got = export(engine)
+    if dist.get_rank() != 0:
+        return None
+    ref = torch.load(work / "uninterrupted.pt", weights_only=False)
+    return {"layout": engine.mapping.layout.describe(), "update": r, "uninterrupted": ref["update"],
+            "loaded_vs_saved": against(loaded, ref["at_save"]), "weights": against(got, ref["weights"], ref["at_save"]),
+            "load_seconds": round(load_s, 2)}
+
+
+def bad_run(a) -> dict:
+    """A resume that cannot be: the one line the engine's load gives (the checkpoint is left as it is)."""
+    from mcore_dapo.errors import UserError
+
+    worker, engine, _ = start(a, a.tp, a.pp, a.ep)
+    try:
+        engine.load_checkpoint(str(Path(a.checkpoint)), del_local_after_load=False)
+    except UserError as e:
+        return {"user_error": str(e)}
+    return {"loaded": True}
+
+
+def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, kill_in_save: str | None = None,
+           nproc: int = 2, timeout: float = 600, extra: tuple[str, ...] = ()) -> dict:
+    """Run a mode under torchrun (in a session of its own: a kill takes every process of it); rank 0's result,
+    also when the launch was killed after writing it."""
+    import json
+    import os
+    import tempfile
+
+    from mcore_dapo.runtime.launch import LaunchError, free_port, run_session
+
+    with tempfile.TemporaryDirectory(prefix="mcore-dapo-reshard-") as tmp:
+        out, log = Path(tmp) / "result.json", Path(tmp) / "output.log"
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+               f"--master-port={free_port()}", "-m", "mcore_dapo.harness.reshard_resume", mode, "--hf-path",
+               str(hf_path), "--work", str(work), "--tp", str(tp), "--pp", str(pp), "--ep", str(ep), "--out", str(out),
+               *(["--kill-in-save", kill_in_save] if kill_in_save else []), *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        with open(log, "w") as sink:
+            rc = run_session(cmd, env, sink, timeout)
+        if not out.is_file() or (rc != 0 and not kill_in_save):
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            raise LaunchError(f"reshard_resume {mode} {'timed out' if rc is None else f'exit code {rc}'}:\n{tail}")
+        result = json.loads(out.read_text())
+    return {**result, "returncode": rc}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
+    ap.add_argument("mode", choices=["save", "resume", "bad"])
+    ap.add_argument("--hf-path", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--ep", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--kill-in-save", choices=POINTS, default=None,
+                    help="after the result is written: save step 2 and SIGKILL every process at that point")
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    import json
+
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.launch import finish_worker
+
+    run = {"save": save_run, "resume": resume_run, "bad": bad_run}[a.mode]
+    if not a.kill_in_save:
+        return finish_worker(run(a), a.out)
+    result, engine = run(a), _ENGINE[0]
+    if dist.get_rank() == 0:
+        Path(a.out).write_text(json.dumps(result))
+    killed_save(engine, Path(a.work) / "global_step_2" / "actor", 2, a.kill_in_save)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

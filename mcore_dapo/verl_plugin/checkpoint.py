@@ -1,0 +1,375 @@
+"""Checkpoints of verl's trainer on the plugin's engine: written whole or not at all, in a format that
+another layout loads, and checked before anything is loaded.
+
+verl 0.9.1's ``MegatronCheckpointManager`` (verl/utils/checkpoint/megatron_checkpoint_manager.py) writes
+``<global_step_N>/actor`` in place: the optimizer and RNG states through Megatron's dist checkpointing
+(``optimizer/dist_ckpt``, ``extra/dist_ckpt``), then the HF weights through the engine's ``bridge``
+(``model/huggingface``), then ``transformer_config.json`` and last ``ckpt_contents.json``. The trainer
+(verl/trainer/ppo/v1/trainer_base.py ``_save_checkpoint``) writes ``data.pt`` (the dataloader's position) and
+then ``latest_checkpointed_iteration.txt``, which ``resume_mode=auto`` follows
+(verl/utils/checkpoint/checkpoint_manager.py ``find_latest_ckpt_path``: only that the folder exists is
+checked). A save killed half-way therefore leaves a folder that looks like a checkpoint, and the next save
+of the same step writes into it: Megatron's ``dist_checkpointing.save`` only warns "Overwriting old
+incomplete / corrupted checkpoint..." (megatron/core/dist_checkpointing/serialization.py) and keeps the
+files it does not overwrite. verl also removes older checkpoints (``max_ckpt_to_keep``) before and while
+the new one is written.
+
+:class:`CheckpointManager` (verl's, with four methods replaced) makes the save atomic as the converters'
+outputs are (:mod:`mcore_dapo.io.output`): verl writes into ``.<actor>.partial``; rank 0 then adds
+:data:`RESUME_FILE` (model, layout, optimizer format, writer, and every file with its size) and renames the
+folder; older checkpoints are removed only after that. The distributed optimizer is saved in Megatron's format that
+loads under another TP/PP/EP/DP layout (:func:`optimizer_format`: ``fully_reshardable`` from megatron-core 0.14,
+``fully_sharded_model_space`` before). Before a load, :func:`check` refuses in one line a
+checkpoint that is incomplete, truncated, of another model or of a layout that cannot take it, and names
+the previous complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from mcore_dapo.errors import UserError
+
+RESUME_FILE = "mcore_dapo_resume.json"
+FORMAT = "mcore-dapo/verl-checkpoint/1"
+# megatron-core's DistributedOptimizer.sharded_state_dict (megatron/core/optimizer/distrib_optimizer.py): in
+# 0.16.1 'dp_reshardable' (verl's choice on megatron-core >= 0.14) reshards "only in DP dimension";
+# checkpoint_fully_reshardable_formats lists 'fully_reshardable', 'fully_sharded_model_space' and
+# 'fsdp_dtensor', but 'fully_sharded_model_space' no longer saves there (its ShardedTensors carry a
+# flattened_range, which megatron/core/dist_checkpointing/mapping.py refuses: "ShardedTensor.flattened_range
+# is not supported."), and 'fsdp_dtensor' is Megatron-FSDP's. 0.12.1 has 'dp_zero_gather_scatter',
+# 'fully_sharded_bucket_space' and 'fully_sharded_model_space' (reshardable, and verl's choice below 0.14).
+NEW_LINE_FORMAT, OLD_LINE_FORMAT = "fully_reshardable", "fully_sharded_model_space"
+RESHARDABLE = {"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"}
+# the model fields a checkpoint must share with the model it is loaded into
+MODEL_FIELDS = ("model_type", "vocab_size", "padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
+                "moe_intermediate_size", "tie_word_embeddings", "mlp_only_layers")
+
+
+def partial_path(final: Path) -> Path:
+    return final.parent / f".{final.name}.partial"
+
+
+def describe_model(cfg, layout) -> dict:
+    from mcore_dapo.bridge.megatron_config import padded_vocab_size
+
+    d = cfg.summary()
+    d["padded_vocab_size"] = padded_vocab_size(cfg.vocab_size, layout.tp)
+    return {k: d[k] for k in MODEL_FIELDS}
+
+
+def optimizer_format(use_distributed_optimizer: bool, megatron_version: str | None = None) -> str | None:
+    """The format the distributed optimizer is saved in: the reshardable one this megatron-core writes."""
+    if not use_distributed_optimizer:
+        return None
+    from packaging.version import Version
+
+    from mcore_dapo import versions
+
+    v = Version(megatron_version or versions.installed("megatron-core"))
+    return NEW_LINE_FORMAT if v >= Version("0.14") else OLD_LINE_FORMAT
+
+
+def readable_formats(megatron_version: str | None = None) -> set[str]:
+    from packaging.version import Version
+
+    from mcore_dapo import versions
+
+    v = Version(megatron_version or versions.installed("megatron-core"))
+    base = {"fully_sharded_model_space", "fully_sharded_bucket_space", "dp_zero_gather_scatter"}
+    return base | {"fully_reshardable", "dp_reshardable"} if v >= Version("0.14") else base
+
+
+def engine_record(engine) -> dict:
+    """What a checkpoint of this engine records of it (and a load compares)."""
+    import torch.distributed as dist
+
+    layout = engine.mapping.layout
+    return {"model": describe_model(engine.mapping.cfg, layout),
+            "layout": {**layout.as_dict(), "world_size": dist.get_world_size()},
+            "optimizer": {"distributed": bool(engine.engine_config.use_distributed_optimizer),
+                          "sharding_type": optimizer_format(engine.engine_config.use_distributed_optimizer)},
+            "dtype": str(engine.param_dtype).replace("torch.", "")}
+
+
+def file_sizes(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def read_record(folder: Path) -> dict | None:
+    p = folder / RESUME_FILE
+    if not p.is_file():
+        return None
+    try:
+        record = json.loads(p.read_text())
+    except (OSError, ValueError):
+        raise UserError(f"checkpoint file {p} cannot be read as JSON: damaged{_offer(folder)}") from None
+    if record.get("format") != FORMAT:
+        raise UserError(f"{p} has format {record.get('format')!r}: accepted is {FORMAT!r}")
+    return record
+
+
+def step_of(folder: Path) -> int | None:
+    name = folder.parent.name
+    return int(name.split("global_step_")[-1]) if name.startswith("global_step_") and name[12:].isdigit() else None
+
+
+def problem(folder: Path) -> str | None:
+    """Why ``folder`` (a ``global_step_N/actor``) is not a complete checkpoint, in a few words; None if it is."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        if partial_path(folder).is_dir():
+            return f"checkpoint {folder} is incomplete (its save was interrupted: {partial_path(folder)} is what it wrote)"
+        return f"checkpoint {folder} does not exist"
+    record = read_record(folder)
+    if record is None:
+        if not (folder / "ckpt_contents.json").is_file():
+            return f"checkpoint {folder} is incomplete (no ckpt_contents.json, which verl writes last)"
+        return None  # verl's own (or an earlier plugin's) checkpoint: verl's manifest says it is complete
+    for name, size in record["files"].items():
+        p = folder / name
+        if not p.is_file():
+            return f"checkpoint file {p} is missing"
+        if p.stat().st_size != size:
+            return f"checkpoint file {p} is {p.stat().st_size} bytes, {size} were written: truncated or damaged"
+    return None
+
+
+def previous_complete(folder: Path) -> Path | None:
+    """The newest complete ``global_step_M/<role>`` beside ``folder`` (a ``global_step_N/<role>``) with M < N."""
+    folder = Path(folder).absolute()
+    return newest_complete(folder.parent.parent, folder.name, below=step_of(folder))
+
+
+def newest_complete(root: Path, role: str = "actor", below: int | None = None) -> Path | None:
+    found = []
+    for d in Path(root).glob("global_step_*"):
+        m = d.name[len("global_step_"):]
+        if m.isdigit() and (below is None or int(m) < below):
+            found.append((int(m), d / role))
+    for _, cand in sorted(found, reverse=True):
+        try:
+            if problem(cand) is None:
+                return cand
+        except UserError:
+            continue
+    return None
+
+
+def _offer(folder: Path | None = None, prev: Path | None = None) -> str:
+    prev = previous_complete(folder) if folder is not None else prev
+    if prev is None:
+        return "; no earlier complete checkpoint is there (trainer.resume_mode=disable starts afresh)"
+    return (f"; the previous complete checkpoint is {prev.parent}: trainer.resume_mode=resume_path "
+            f"trainer.resume_from_path={prev.parent}")
+
+
+def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
+    """Refuse (one line) what cannot be resumed into the engine described by ``here`` (:func:`engine_record`):
+    incomplete or truncated, another model, or optimizer state in a format this layout cannot load."""
+    folder = Path(folder).absolute()
+    why = problem(folder)
+    if why:
+        raise UserError(why + _offer(folder))
+    record = read_record(folder)
+    if record is None:
+        return None
+    diff = [f"{k} {record['model'].get(k)!r} there, {v!r} here" for k, v in here["model"].items()
+            if record["model"].get(k) != v]
+    if diff:
+        raise UserError(f"checkpoint {folder} is of another model: {', '.join(diff)}")
+    fmt = (record.get("optimizer") or {}).get("sharding_type")
+    if load_optimizer and fmt and fmt not in readable_formats():
+        from mcore_dapo import versions
+
+        raise UserError(f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which "
+                        f"megatron-core {versions.installed('megatron-core')} does not read (written by megatron-core "
+                        f"{(record.get('written_by') or {}).get('megatron-core')}): resume on that line, or load the "
+                        "weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+    there, now = record["layout"], here["layout"]
+    if load_optimizer and (record.get("optimizer") or {}).get("distributed") and \
+            (there.get("ep", 1) > 1) != (now.get("ep", 1) > 1):
+        # megatron/core/transformer/moe/experts.py marks expert parameters allreduce=False only when
+        # expert_model_parallel_size > 1, and get_megatron_optimizer (megatron/core/optimizer/__init__.py) builds
+        # their own optimizer then: the checkpoint holds one optimizer's state, or two, which the other cannot load
+        raise UserError(
+            f"checkpoint {folder} was written under {_layout(there)}, this run is {_layout(now)}: with EP > 1 Megatron "
+            "keeps the experts' optimizer apart from the others, with EP = 1 not, and the optimizer state of one does "
+            f"not load into the other; accepted here: EP {'> 1' if there.get('ep', 1) > 1 else '= 1'}, or the weights "
+            "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+    keys = ("tp", "pp", "ep", "etp", "cp", "vpp", "world_size")
+    if load_optimizer and any(there.get(k) != now.get(k) for k in keys):
+        if (record.get("optimizer") or {}).get("distributed") and fmt not in RESHARDABLE:
+            raise UserError(
+                f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which loads only "
+                f"under the layout that wrote it ({_layout(there)}), not {_layout(now)}: resume under that layout, "
+                "or load the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+        if (record.get("optimizer") or {}).get("distributed") != here["optimizer"]["distributed"]:
+            raise UserError(f"checkpoint {folder} was written with use_distributed_optimizer="
+                            f"{record['optimizer']['distributed']}, this run has {here['optimizer']['distributed']}")
+    return record
+
+
+def rng_layout(d: dict) -> tuple:
+    return d.get("pp"), d.get("tp")
+
+
+def _layout(d: dict) -> str:
+    s = f"TP{d.get('tp')} PP{d.get('pp')} EP{d.get('ep')} ETP{d.get('etp')}"
+    if (d.get("cp") or 1) > 1:
+        s += f" CP{d['cp']}"
+    if d.get("vpp"):
+        s += f" VPP{d['vpp']}"
+    return f"{s} on {d.get('world_size')} ranks"
+
+
+def install(engine) -> None:
+    """Make the engine's checkpoint manager (built by verl's ``MegatronEngine.initialize``) this module's."""
+    mgr = getattr(engine, "checkpoint_mananager", None)  # verl's spelling
+    if mgr is None:
+        return
+    mgr.__class__ = manager_class(type(mgr))
+    mgr._mcore_engine = engine
+
+
+_classes: dict = {}
+
+
+def manager_class(base):
+    """verl's ``MegatronCheckpointManager`` with an atomic save, the reshardable optimizer format and the
+    checks before a load (a subclass: verl's own code runs, nothing of verl is patched)."""
+    if base in _classes or getattr(base, "_mcore_dapo", False):
+        return _classes.get(base, base)
+
+    class CheckpointManager(base):
+        _mcore_dapo = True
+
+        def _build_sharded_state_dict_metadata(self):
+            metadata = super()._build_sharded_state_dict_metadata()
+            if self.use_distributed_optimizer and not self.use_megatron_fsdp:
+                # verl picks dp_reshardable on megatron-core >= 0.14 unless megatron.dist_ckpt_optim_fully_reshardable
+                metadata["distrib_optim_sharding_type"] = optimizer_format(True)
+                if metadata["distrib_optim_sharding_type"] == "fully_reshardable":
+                    # gathered over gloo on data-parallel rank 0 in host memory (Megatron's memory-efficient
+                    # variant); the other gathers every data-parallel rank's state on each rank's device
+                    # (get_parameter_state_dp_zero), for Qwen3-30B-A3B's experts under EP8 about 44 GB a GPU
+                    metadata["distrib_optim_fully_reshardable_mem_efficient"] = True
+            return metadata
+
+        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
+            if self.checkpoint_config.async_save:  # verl writes the tracker itself once its writes are done
+                return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
+            save_atomically(self, super().save_checkpoint, Path(local_path).absolute(), hdfs_path, global_step,
+                            max_ckpt_to_keep)
+
+        def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
+            engine = self._mcore_engine
+            here = engine_record(engine)
+            record = check(local_path, here, load_optimizer=self.should_load_optimizer)
+            contents = list(self.checkpoint_load_contents)
+            if record is not None and "extra" in contents and rng_layout(record["layout"]) != rng_layout(here["layout"]):
+                # verl saves the RNG states as one ShardedObject per (PP, TP) rank (get_rng_state), which another
+                # PP x TP cannot load; the new layout keeps its own seeds (Qwen3 trains without dropout)
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "checkpoint %s: RNG states of %s not loaded under %s", local_path, _layout(record["layout"]),
+                    _layout(here["layout"]))
+                self.checkpoint_load_contents = [c for c in contents if c != "extra"]
+            try:
+                out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
+            finally:
+                self.checkpoint_load_contents = contents
+            from mcore_dapo.verl_plugin import audit
+
+            if audit.enabled():
+                audit.checkpoint_state(engine, "load", step_of(Path(local_path).absolute()))
+            return out
+
+    _classes[base] = CheckpointManager
+    return CheckpointManager
+
+
+def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_keep) -> None:
+    import torch.distributed as dist
+
+    from mcore_dapo import versions
+    from mcore_dapo.io import output
+    from mcore_dapo.verl_plugin import audit
+
+    engine = mgr._mcore_engine
+    partial = partial_path(final)
+    rank = dist.get_rank()
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save of this step left
+        partial.parent.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save; here only once
+    # the new one is complete (below)
+    save(str(partial), hdfs_path, global_step, None)
+    if mgr.previous_saved_paths and mgr.previous_saved_paths[-1] == str(partial):
+        mgr.previous_saved_paths.pop()
+    if audit.enabled():
+        audit.checkpoint_state(engine, "save", global_step)
+    dist.barrier()
+    if rank == 0:
+        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine),
+                  "written_by": {"mcore_dapo": _version(), **{k: versions.installed(k) for k in versions.SUPPORTED}},
+                  "files": file_sizes(partial)}
+        tmp = partial / (RESUME_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(partial / RESUME_FILE)
+        output.finish(partial, final, overwrite=True)  # a complete checkpoint of the same step is replaced
+    dist.barrier()
+    mgr.register_checkpoint(str(final), max_ckpt_to_keep)
+
+
+def _version() -> str:
+    from mcore_dapo import __version__
+
+    return __version__
+
+
+def check_resume(config) -> None:
+    """Before Ray starts (``main_dapo``): the checkpoint ``trainer.resume_mode`` would load, checked against
+    the configured model and layout (one line on a mismatch; nothing runs)."""
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    from mcore_dapo.bridge import Layout
+    from mcore_dapo.verl_plugin.config_checks import check_architecture
+
+    t = config.trainer
+    mode = str(t.get("resume_mode", "disable"))
+    if mode == "auto":
+        root = t.default_local_dir
+        root = root if os.path.isabs(root) else os.path.join(os.getcwd(), root)
+        tracker = Path(root) / "latest_checkpointed_iteration.txt"
+        if tracker.is_file():
+            text = tracker.read_text().strip()
+            if not text.isdigit():
+                raise UserError(f"checkpoint tracker {tracker} reads {text!r}, not a step number: damaged"
+                                + _offer(prev=newest_complete(Path(root))))
+        folder = find_latest_ckpt_path(root)
+        if folder is None:
+            return
+    elif mode == "resume_path":
+        folder = t.resume_from_path
+        folder = folder if os.path.isabs(folder) else os.path.join(os.getcwd(), folder)
+    else:
+        return
+    actor = config.actor_rollout_ref.actor
+    layout = Layout.from_megatron(actor.megatron)
+    cfg = check_architecture(config.actor_rollout_ref.model.path)
+    world = int(t.nnodes) * int(t.n_gpus_per_node)
+    here = {"model": describe_model(cfg, layout), "layout": {**layout.as_dict(), "world_size": world},
+            "optimizer": {"distributed": bool(actor.megatron.use_distributed_optimizer),
+                          "sharding_type": optimizer_format(bool(actor.megatron.use_distributed_optimizer))}}
+    load = list(actor.get("checkpoint", {}).get("load_contents", ["model", "optimizer", "extra"]))
+    check(Path(folder) / "actor", here, load_optimizer="optimizer" in load)
