@@ -17,9 +17,9 @@ LINE = "--widget=7 is not accepted: accepted are 1 to 4"
 TYPE_MESSAGE = "_write_item() missing 1 required positional argument: 'serialization_format'"
 
 
-def _launch(error: str):
+def _launch(error: str, stream: bool = False):
     env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return torchrun("failing_worker", ["--error", error], 2, timeout=300, env=env)
+    return torchrun("failing_worker", ["--error", error], 2, timeout=300, env=env, stream=stream)
 
 
 @pytest.mark.parametrize("error", ["user", "ray-user"])
@@ -29,9 +29,12 @@ def test_a_user_error_of_one_rank_is_its_line(error):
     assert str(e.value) == LINE
 
 
-def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the_log():
+@pytest.mark.parametrize("stream", [False, True], ids=["captured", "streamed"])
+def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the_log(stream):
+    """Streamed (the converters' progress bars on the terminal): the ranks' records alone name it, and the
+    kept log holds their tracebacks."""
     with pytest.raises(LaunchError) as e:
-        _launch("type")
+        _launch("type", stream)
     msg = str(e.value)
     assert "\n" not in msg
     head, log = msg.split(" (full log: ")
