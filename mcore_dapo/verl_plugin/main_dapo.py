@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                       + f"; missing here: {len(sizes['missing'])} (mcore-dapo env --device {sizes['device']})")
             print(json.dumps(sizes))
             return 0
+        from mcore_dapo import versions
+
+        versions.check_stack()  # torch x megatron-core a tested pair, before Ray (each worker would refuse it)
         from mcore_dapo.verl_plugin.checkpoint import check_resume
 
         check_resume(composed)  # the checkpoint a resume would load fits this model and layout, before Ray
