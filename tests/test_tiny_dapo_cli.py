@@ -14,6 +14,9 @@ from mcore_dapo.cli.main import run
      "routed experts, which vLLM's CPU build cannot return (its Model Runner V2 needs Triton); accepted on the CPU "
      "is --rollout hf_cpu"),
     (["--rollout-dtype", "fp8"], "--rollout-dtype='fp8' is not accepted: bfloat16 or float32"),
+    (["--layout", "pp4"], "--layout='pp4' is not accepted: ep2, h100, a2"),
+    (["--gen-tp", "3"], "--gen-tp=3 is not accepted: 1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
+     "at most the trainer's 2 or 4 ranks)"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, line):
     assert run(["tiny-dapo", "--workdir", str(tmp_path), *args]) == 2
@@ -26,19 +29,23 @@ def _args(args: list[str]) -> dict:
     return {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in args}
 
 
-@pytest.mark.parametrize("replay", [None, "R3"])
-def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, replay):
-    """The CPU trainer run composes configs/dapo/common.sh itself; it differs from what the scripts pass only in
-    the keys of cpu_changes, each of an accepted kind, and the scripts' production settings stay on."""
+@pytest.mark.parametrize("replay, layout, rollout, gen_tp", [(None, "ep2", "hf_cpu", 1), ("R3", "h100", "hf_cpu", 1),
+                                                             (None, "a2", "vllm", 2)])
+def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, replay, layout, rollout, gen_tp):
+    """The CPU trainer run composes configs/dapo/common.sh itself, with a device script's own LAYOUT array for
+    the h100 and a2 layout classes; it differs from what the scripts pass only in the keys of cpu_changes, each
+    of an accepted kind, and the scripts' production settings stay on."""
     import re
 
     from mcore_dapo.harness import tiny_dapo as t
 
     files = {"model": tmp_path / "m", "train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet"}
-    cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay))
-    # the scripts' arguments under the same per-device variables (what a device script sets before common.sh)
-    script = _args(t.script_args(t.script_env(files, tmp_path), t.layout_overrides(2), replay))
-    changes = t.cpu_changes(files, tmp_path, 4, 1e-3, "hf_cpu")
+    cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay, layout=layout, rollout=rollout, gen_tp=gen_tp))
+    # the scripts' arguments under the same per-device variables (what a device script sets before common.sh),
+    # with the device script's LAYOUT as it stands (EP2 alone for ep2)
+    full_layout = t.layout_overrides(2) if layout == "ep2" else t.script_layout(layout)
+    script = _args(t.script_args(t.script_env(files, tmp_path, gen_tp), full_layout, replay))
+    changes = t.cpu_changes(files, tmp_path, 4, 1e-3, rollout, layout)
     differ = {k for k in set(cpu) | set(script) if cpu.get(k) != script.get(k)}
     assert differ - set(changes) == set(), sorted(differ - set(changes))
     assert {kind for _, kind in changes.values()} <= {t.SIZES, t.COUNTS, t.ROLLOUT_CPU, t.PACKING}
@@ -59,3 +66,25 @@ def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, r
     assert cpu["reward.reward_manager.name"] == "dapo" and not any("custom_reward_function" in k for k in cpu)
     # one micro-batch holds two of the longest sequences: a rank's share of the batch splits into several
     assert int(cpu[f"{a}.ppo_max_token_len_per_gpu"]) < t.TRAIN_BSZ * t.N // 2 * (t.MAX_PROMPT + t.MAX_RESPONSE)
+
+
+def test_layout_classes_are_the_device_scripts_layouts():
+    """The h100 and a2 runs take the scripts' layout class: TP2 with sequence parallelism under EP (ETP1); PP2
+    with VPP2 and a heavier first stage under EP; full recompute in both. Only EP and the stage sizes change."""
+    from mcore_dapo.harness import tiny_dapo as t
+
+    a = "actor_rollout_ref.actor.megatron"
+    h100 = _args(t.script_layout("h100"))
+    assert (h100[f"{a}.tensor_model_parallel_size"], h100[f"{a}.sequence_parallel"]) == ("2", "True")
+    assert int(h100[f"{a}.expert_model_parallel_size"]) > 1 and h100[f"{a}.expert_tensor_parallel_size"] == "1"
+    a2 = _args(t.script_layout("a2"))
+    assert (a2[f"{a}.pipeline_model_parallel_size"], a2[f"{a}.virtual_pipeline_model_parallel_size"]) == ("2", "2")
+    first = int(a2[f"{a}.override_transformer_config.num_layers_in_first_pipeline_stage"])
+    last = int(a2[f"{a}.override_transformer_config.num_layers_in_last_pipeline_stage"])
+    assert first > last and int(a2[f"{a}.expert_model_parallel_size"]) > 1
+    for layout in (h100, a2):
+        assert layout[f"{a}.override_transformer_config.recompute_granularity"] == "full"
+    # at tiny size: the same class (the first stage heavier, each stage's layers split over the two virtual stages)
+    tiny = t.LAYOUT_CLASSES["a2"]["changes"]
+    f, l = (tiny[f"override_transformer_config.num_layers_in_{s}_pipeline_stage"] for s in ("first", "last"))
+    assert f > l and f % 2 == 0 and l % 2 == 0 and f + l == t.LAYOUT_CLASSES["a2"]["layers"]

@@ -24,6 +24,11 @@ def add_commands(sub) -> None:
     p.add_argument("--router-replay", default=None, help="off | R2 | R3 (verl's router_replay.mode; R3 needs "
                    "--rollout hf_cpu on the CPU)")
     p.add_argument("--rollout-dtype", default=None, help="bfloat16 | float32 (the rollout's dtype)")
+    p.add_argument("--layout", default="ep2", help="ep2 | h100 | a2: EP2 alone, or a launch script's layout at "
+                   "tiny size (h100: TP2 with sequence parallelism under EP; a2: PP2 with VPP2 and uneven stages "
+                   "under EP, 4 ranks)")
+    p.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP; "
+                   "2 runs on vLLM's CPU build)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is abandoned")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=tiny_dapo)
@@ -39,6 +44,13 @@ def _validated(a) -> None:
         raise accepted("--steps", a.steps, "at least 1")
     if a.timeout <= 0:
         raise accepted("--timeout", a.timeout, "a positive number of seconds")
+    from mcore_dapo.harness.tiny_dapo import LAYOUT_CLASSES
+
+    if a.layout not in LAYOUT_CLASSES:
+        raise accepted("--layout", a.layout, ", ".join(LAYOUT_CLASSES))
+    if a.gen_tp not in (1, 2):
+        raise accepted("--gen-tp", a.gen_tp, "1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
+                       "at most the trainer's 2 or 4 ranks)")
     from mcore_dapo.harness.tiny_dapo import replay_overrides
 
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
@@ -55,9 +67,9 @@ def tiny_dapo(a) -> int:
 
     _validated(a)
     r = run(Path(a.workdir).absolute(), a.steps, a.timeout, audit=True, rollout=a.rollout,
-            router_replay=a.router_replay, rollout_dtype=a.rollout_dtype)
+            router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, layout=a.layout, gen_tp=a.gen_tp)
     steps = per_step(r) if r["steps"] else []
-    out = {"rollout": a.rollout, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
+    out = {"rollout": a.rollout, "layout": a.layout, "gen_tp": a.gen_tp, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
            "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
     ok = r["returncode"] == 0 and len(steps) >= a.steps
     if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log

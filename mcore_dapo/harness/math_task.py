@@ -167,17 +167,22 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
-def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STEPS, p_right: float = P_TEACH) -> dict:
+def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STEPS, p_right: float = P_TEACH,
+            layers: int = 4, rollout_tp: int = 1) -> dict:
     """Model (taught, with the tokenizer) and the two data files in ``workdir``:
     ``{"model": W/math-qwen3-moe, "train": W/train.parquet, "val": W/val.parquet}``. ``p_right``: the share of
-    right answers in the taught targets (above 0.5 teaches part of the rule: a head start for RL)."""
+    right answers in the taught targets (above 0.5 teaches part of the rule: a head start for RL); ``layers``:
+    the model's decoder layers (8 for the A2 layout class's uneven pipeline stages); ``rollout_tp``: the vLLM
+    rollout's tensor-parallel size (vLLM's CPU MoE kernel takes an expert width of 32 per rank on weight
+    updates: the experts are 32 wide per rank)."""
     from mcore_dapo.harness.tiny import make_tiny_model
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     model = workdir / "math-qwen3-moe"
     shutil.rmtree(model, ignore_errors=True)  # generated anew (seeded), never a stale copy
-    extra = {"head_dim": VLLM_HEAD_DIM} if rollout == "vllm" else {}
+    extra = {"head_dim": VLLM_HEAD_DIM, "moe_intermediate_size": 32 * rollout_tp} if rollout == "vllm" else {}
+    extra["num_hidden_layers"] = layers
     # no pad_token_id in the config: transformers would zero that embedding row and freeze it (padding_idx),
     # Megatron trains every row (docs/VERL_PLUGIN.md: what the audit found)
     make_tiny_model(model, seed=0, eos_token_id=IM_END, bos_token_id=None, **extra)

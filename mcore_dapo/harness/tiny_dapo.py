@@ -99,18 +99,21 @@ SIZES, COUNTS, ROLLOUT_CPU, PACKING = "size", "device and process counts", "roll
 TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
 
 
-def script_env(files: dict, workdir: Path) -> dict:
-    """The variables a device script sets before sourcing common.sh, for the CPU run."""
+def script_env(files: dict, workdir: Path, gen_tp: int = 1) -> dict:
+    """The variables a device script sets before sourcing common.sh, for the CPU run (``gen_tp``: the
+    rollout's tensor-parallel size, the scripts' GEN_TP=2 where the rollout runs it on the CPU)."""
     return {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
-            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": "1",
+            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": str(gen_tp),
             "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
             # the guide's console logger, and verl's file logger for the metrics this harness reads
             "LOGGER": '["console","file"]'}
 
 
-def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str) -> dict[str, tuple[str, str]]:
+def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
+                layout: str = "ep2") -> dict[str, tuple[str, str]]:
     """key -> (the CPU run's value, the kind of change); a key the scripts do not set is added."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    world = LAYOUT_CLASSES[layout]["world"]
     out = {
         "data.max_prompt_length": (MAX_PROMPT, SIZES), "data.max_response_length": (MAX_RESPONSE, SIZES),
         "data.train_batch_size": (TRAIN_BSZ, SIZES), f"{r}.n": (N, SIZES),
@@ -122,10 +125,10 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str)
         "reward.reward_kwargs.max_resp_len": (MAX_RESPONSE, SIZES),
         "reward.reward_kwargs.overlong_buffer_cfg.len": (OVERLONG, SIZES),
         "trainer.test_freq": (2, SIZES), "trainer.save_freq": (2, SIZES), "trainer.total_training_steps": (steps, SIZES),
-        "trainer.n_gpus_per_node": (2, COUNTS), "data.dataloader_num_workers": (0, COUNTS),
-        # Ray on a laptop: logical CPUs for verl's many small actors, two logical GPU slots for the two
-        # trainer processes (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
-        "ray_kwargs.ray_init.num_cpus": (32, COUNTS), "ray_kwargs.ray_init.num_gpus": (2, COUNTS),
+        "trainer.n_gpus_per_node": (world, COUNTS), "data.dataloader_num_workers": (0, COUNTS),
+        # Ray on a laptop: logical CPUs for verl's many small actors, a logical GPU slot for each trainer
+        # process (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
+        "ray_kwargs.ray_init.num_cpus": (32, COUNTS), "ray_kwargs.ray_init.num_gpus": (world, COUNTS),
         "ray_kwargs.ray_init.include_dashboard": (False, COUNTS),
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": (1, COUNTS),
         f"{r}.agent.num_workers": (1, COUNTS),
@@ -135,6 +138,11 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str)
     }
     for key, value in rollout_settings(rollout).items():
         out[key] = (value, ROLLOUT_CPU)
+    for key, value in LAYOUT_CLASSES[layout]["changes"].items():  # the script's layout at tiny size
+        for role in ("actor", "ref"):
+            if key.startswith("override_transformer_config.") and role == "ref":
+                continue  # the ref's follows the actor's (verl's megatron_ref.yaml)
+            out[f"actor_rollout_ref.{role}.megatron.{key}"] = (value, SIZES if "layers" in key else COUNTS)
     return out
 
 
@@ -168,6 +176,44 @@ def key_of(arg: str) -> str:
     return arg.split("=", 1)[0].lstrip("+")
 
 
+# The layouts of the CPU runs. "ep2": EP2 alone, on 2 ranks. "h100" and "a2": the device script's own LAYOUT
+# array (configs/dapo_qwen3_30b_<device>.sh, read by bash), with only its counts and stage sizes changed for
+# the tiny model: the H100 class (TP2 with sequence parallelism, EP over the TP ranks with ETP1, full
+# recompute) on 2 ranks; the A2 class (PP2 with VPP2 and uneven stages, EP, full recompute) on 4 ranks and an
+# 8-layer model, the script's 26 + 22 layers as 6 + 2 (two virtual stages of 3 in the first stage, of 1 in
+# the last).
+LAYOUT_CLASSES = {
+    "ep2": {"world": 2, "layers": 4, "changes": {}},
+    "h100": {"world": 2, "layers": 4, "changes": {"expert_model_parallel_size": 2}},
+    "a2": {"world": 4, "layers": 8, "changes": {
+        "expert_model_parallel_size": 2,
+        "override_transformer_config.num_layers_in_first_pipeline_stage": 6,
+        "override_transformer_config.num_layers_in_last_pipeline_stage": 2}},
+}
+
+
+def device_script(device: str) -> Path:
+    return SCRIPT.parent.parent / f"dapo_qwen3_30b_{device}.sh"
+
+
+def script_layout(device: str) -> list[str]:
+    """The LAYOUT array of ``configs/dapo_qwen3_30b_<device>.sh`` as bash builds it: the script's text from
+    ``LAYOUT=()`` to its first ``export`` or ``source`` line (its environment and the launch)."""
+    from mcore_dapo.errors import UserError
+
+    path = device_script(device)
+    text = path.read_text() if path.is_file() else ""
+    start = text.find("\nLAYOUT=()")
+    ends = [i for i in (text.find("\nexport ", start), text.find("\nsource ", start)) if i > start]
+    if start < 0 or not ends:
+        raise UserError(f"{path} has no LAYOUT=() block before its export/source lines: the CPU run reads the "
+                        "script's layout from it")
+    block = text[start:min(ends)]
+    p = subprocess.run(["bash", "-c", block + '\nprintf "%s\\0" "${LAYOUT[@]}"'], capture_output=True, text=True,
+                       check=True)
+    return [x for x in p.stdout.split("\0") if x]
+
+
 def layout_overrides(ep: int = 2) -> list[str]:
     out = []
     for role in ("actor", "ref"):
@@ -178,12 +224,21 @@ def layout_overrides(ep: int = 2) -> list[str]:
     return out
 
 
-def overrides(files: dict, workdir: Path, steps: int, ep: int = 2, lr: float = 1e-3,
-              rollout: str = "hf_cpu", router_replay: str | None = None) -> list[str]:
+def layout_args(layout: str) -> list[str]:
+    """The LAYOUT array the scripts' arguments are composed with: the device script's, or EP2 alone."""
+    if layout not in LAYOUT_CLASSES:
+        from mcore_dapo.errors import accepted
+
+        raise accepted("--layout", layout, ", ".join(LAYOUT_CLASSES))
+    return layout_overrides(2) if layout == "ep2" else script_layout(layout)
+
+
+def overrides(files: dict, workdir: Path, steps: int, lr: float = 1e-3, rollout: str = "hf_cpu",
+              router_replay: str | None = None, layout: str = "ep2", gen_tp: int = 1) -> list[str]:
     """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
     mode = router_replay if router_replay in ("R2", "R3") else None
-    args = script_args(script_env(files, workdir), layout_overrides(ep), mode)
-    changes = cpu_changes(files, workdir, steps, lr, rollout)
+    args = script_args(script_env(files, workdir, gen_tp), layout_args(layout), mode)
+    changes = cpu_changes(files, workdir, steps, lr, rollout, layout)
     out, seen = [], set()
     for arg in args:
         key = key_of(arg)
@@ -209,13 +264,15 @@ def read_metrics(path: Path) -> list[dict]:
 
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
-        extra: tuple[str, ...] = (), teach_p: float | None = None, kill_when=None) -> dict:
+        extra: tuple[str, ...] = (), teach_p: float | None = None, layout: str = "ep2", gen_tp: int = 1,
+        kill_when=None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
-    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`); ``kill_when``: every
-    process of the trainer is SIGKILLed once it returns True (:func:`mcore_dapo.runtime.launch.run_session`)."""
+    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`); ``layout``: one of
+    :data:`LAYOUT_CLASSES` (a device script's layout at tiny size); ``gen_tp``: the rollout's tensor-parallel size;
+    ``kill_when``: every process of the trainer is SIGKILLed once it returns True (:func:`run_session`)."""
     import shutil
 
     workdir = Path(workdir).absolute()
@@ -224,26 +281,34 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     shutil.rmtree(audit_dir, ignore_errors=True)
     from mcore_dapo.harness.math_task import prepare as prepare_math
 
-    files = prepare_math(workdir, rollout, **({} if teach_p is None else {"p_right": teach_p}))
+    layout_args(layout)  # an unknown layout is refused before anything is prepared
+    files = prepare_math(workdir, rollout, layers=LAYOUT_CLASSES[layout]["layers"], rollout_tp=gen_tp,
+                         **({} if teach_p is None else {"p_right": teach_p}))
     log = workdir / "metrics.jsonl"
     log.unlink(missing_ok=True)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(log), "RAY_DEDUP_LOGS": "0", "HYDRA_FULL_ERROR": "1",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
            "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if gen_tp > 1:
+        # vLLM's CPU workers bind their OpenMP threads one NUMA node each (vllm/utils/ompmultiprocessing.py),
+        # and refuse more workers than nodes: a one-node host runs the rollout's TP ranks unbound
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     if audit:
         env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
     more = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
-           *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay), *more, *extra]
+           *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
+                      gen_tp=gen_tp), *more, *extra]
     t0 = time.time()
     returncode, error = run_bounded(cmd, workdir, env, timeout, steps, kill_when)
     records = read_metrics(log)
-    result = {"returncode": returncode, "error": error, "rollout": rollout, "seconds": round(time.time() - t0, 1),
+    result = {"returncode": returncode, "error": error, "rollout": rollout, "layout": layout, "gen_tp": gen_tp,
+              "seconds": round(time.time() - t0, 1),
               "steps": len(records),
               "metrics_log": str(log), "train_log": str(workdir / "train.log"),
               "last": records[-1]["data"] if records else None}
     if records:
-        result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png"))
+        result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png", layout))
     if audit and returncode == 0:
         from mcore_dapo.harness.audit_reference import reference
 
@@ -283,13 +348,18 @@ def per_step(result: dict) -> list[dict]:
             for i, m in enumerate(rows)]
 
 
-def plot(train_log: Path, out: Path) -> Path:
+LAYOUT_TITLES = {"ep2": "EP2", "h100": "TP2+SP, EP2 (the H100 script's class)",
+                 "a2": "PP2 6/2 x VPP2, EP2 (the A2 script's class)"}
+
+
+def plot(train_log: Path, out: Path, layout: str = "ep2") -> Path:
     """Reward, response length, the guide's e2e throughput and the timing breakdown per step."""
     from mcore_dapo.metrics import Batch, read_run, with_throughputs
     from mcore_dapo.metrics.plot import plot_runs
 
-    batch = Batch(world_size=2, prompts=TRAIN_BSZ, responses_per_prompt=N)
-    return plot_runs({"tiny DAPO, Megatron EP2 (CPU)": with_throughputs(read_run(train_log), batch)}, out)
+    batch = Batch(world_size=LAYOUT_CLASSES[layout]["world"], prompts=TRAIN_BSZ, responses_per_prompt=N)
+    return plot_runs({f"tiny DAPO, Megatron {LAYOUT_TITLES[layout]} (CPU)": with_throughputs(read_run(train_log), batch)},
+                     out)
 
 
 def main(argv=None) -> int:
@@ -307,10 +377,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
     ap.add_argument("--teach-p", type=float, default=None,
                     help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
+    ap.add_argument("--layout", choices=list(LAYOUT_CLASSES), default="ep2",
+                    help="EP2 alone, or a device script's layout at tiny size (h100: TP2+SP under EP; a2: PP2 "
+                         "with uneven stages and VPP2 under EP, 4 ranks)")
+    ap.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides after the scripts' (e.g. actor_rollout_ref.actor.use_kl_loss=True)")
     a = ap.parse_args(argv)
     result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
-                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides), teach_p=a.teach_p)
+                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides), teach_p=a.teach_p,
+                 layout=a.layout, gen_tp=a.gen_tp)
     print(json.dumps(result))
     return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
 
