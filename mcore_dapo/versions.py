@@ -54,7 +54,7 @@ class StackPair:
 
 PAIRS = (
     StackPair(TESTED["main"]["torch"], TESTED["main"]["megatron-core"], "make test (requirements/lock.txt)"),
-    StackPair("2.11.0", "0.16.1", "tools/cuda_check.sh on one H200 (docs/BENCHMARKS.md)"),
+    StackPair("2.11.0", "0.16.1", "tools/cuda_check.sh on one H200: Megatron against HF (docs/BENCHMARKS.md)"),
     StackPair(TESTED["ascend"]["torch"], TESTED["ascend"]["megatron-core"],
               "make test STACK=ascend (requirements/lock-ascend.txt)"),
 )
