@@ -191,7 +191,10 @@ def test_the_adapters_answer_what_a_vllm_engine_beside_the_trainer_needs():
     for a in (cuda, npu):
         assert a.rollout_engine_settings(0.3) == ({}, {"gpu_memory_utilization": 0.3})
         a.check_rollout_model(16)  # a device's attention kernels take head_dim 16
-    with pytest.raises(UserError, match=r"^head_dim=16 is not supported by vLLM's CPU attention"):
-        cpu.check_rollout_model(16)
-    cpu.check_rollout_model(32)
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:  # vLLM's CPU build says which sizes its attention takes
+        with pytest.raises(UserError, match=r"^head_dim=16 is not supported by vLLM's CPU attention"):
+            cpu.check_rollout_model(16)
+        cpu.check_rollout_model(32)
     assert cpu.device_identity() is None and npu.device_identity() is None
