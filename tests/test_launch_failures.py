@@ -116,3 +116,23 @@ def test_an_entry_points_log_gives_its_printed_line_or_its_last_exception():
                "KeyError: 'response_mask'\n")
     why = failures.summarize_entry_point_log(ray_log)
     assert why.user_error is None and why.line == "KeyError: 'response_mask'"
+
+
+def test_an_unexpected_error_of_a_ray_actor_is_its_own_type_and_message():
+    """main_dapo's summary line of a trainer that failed otherwise: the actor's exception, not Ray's wrapper."""
+    import traceback
+
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise KeyError("response_mask")
+    except KeyError as k:
+        wrapped = RayTaskError("TaskRunner.run", "".join(traceback.format_exception(k)), k).as_instanceof_cause()
+    assert failures.exception_line(wrapped) == "KeyError: 'response_mask'"
+    try:
+        try:
+            raise ValueError("no routes")
+        except ValueError as inner:
+            raise RuntimeError("update failed") from inner
+    except RuntimeError as outer:
+        assert failures.exception_line(outer) == "ValueError: no routes"

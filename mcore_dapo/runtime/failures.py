@@ -57,6 +57,26 @@ def user_error_in_text(text: str) -> str | None:
     return m.group(1) if m else None
 
 
+def innermost(exc: BaseException) -> BaseException:
+    """The exception ``exc`` wraps deepest: Ray's ``cause`` (an actor's own exception), else ``__cause__``."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        inner = getattr(exc, "cause", None)
+        inner = inner if isinstance(inner, BaseException) else exc.__cause__
+        if inner is None:
+            break
+        exc = inner
+    return exc
+
+
+def exception_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` of the exception ``exc`` wraps deepest."""
+    inner = innermost(exc)
+    message = str(inner).strip()
+    return f"{type(inner).__name__}: {message.splitlines()[0] if message else ''}".rstrip(": ")
+
+
 def exception_in_text(text: str, last: bool = False) -> str | None:
     """``[rank N: ]Type: message`` of the first (``last``: the last) traceback's exception in ``text``, None
     when there is none. The last of a process's log is its own uncaught exception; in it, the innermost

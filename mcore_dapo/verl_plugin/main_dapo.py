@@ -125,11 +125,28 @@ def main(argv=None) -> int:
         main_ppo.main()
     except Exception as e:  # a UserError raised in a Ray actor (the engine's checks) is its one line
         line = user_error_line(e)
-        if line is None:
-            raise
-        print(f"error: {line}", file=sys.stderr)
-        return 2
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return 2
+        import traceback
+
+        from mcore_dapo.runtime.failures import exception_line
+
+        traceback.print_exc()  # the full log: this traceback (a Ray error's holds the actor's) and Ray's
+        print(f"error: {exception_line(e)}{_ray_logs()}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _ray_logs() -> str:
+    """Where this run's Ray workers logged, where Ray says (its session folder), for the one-line summary."""
+    try:
+        import ray
+
+        node = ray._private.worker._global_node  # Ray has no public call for its session folder
+        return f" (Ray's worker logs: {node.get_session_dir_path()}/logs)" if node is not None else ""
+    except Exception:
+        return ""
 
 
 if __name__ == "__main__":
