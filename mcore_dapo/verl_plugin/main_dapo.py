@@ -120,7 +120,8 @@ def main(argv=None) -> int:
     from mcore_dapo.runtime.failures import user_error_line
 
     sys.argv = [sys.argv[0], *new]
-    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra raises what the trainer raised instead of printing it
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = full_error or "1"  # Hydra raises what the trainer raised, not prints it
     try:
         main_ppo.main()
     except Exception as e:  # a UserError raised in a Ray actor (the engine's checks) is its one line
@@ -135,6 +136,9 @@ def main(argv=None) -> int:
         traceback.print_exc()  # the full log: this traceback (a Ray error's holds the actor's) and Ray's
         print(f"error: {exception_line(e)}{_ray_logs()}", file=sys.stderr)
         return 1
+    finally:
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
     return 0
 
 
