@@ -116,6 +116,8 @@ def test_an_entry_points_log_gives_its_printed_line_or_its_last_exception():
                "KeyError: 'response_mask'\n")
     why = failures.summarize_entry_point_log(ray_log)
     assert why.user_error is None and why.line == "KeyError: 'response_mask'"
+    summary = failures.summarize_entry_point_log(ray_log + "failed: KeyError: 'response_mask' (Ray's worker logs: L)\n")
+    assert summary.user_error is None and summary.line == "KeyError: 'response_mask' (Ray's worker logs: L)"
 
 
 def test_an_unexpected_error_of_a_ray_actor_is_its_own_type_and_message():

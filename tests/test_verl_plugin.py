@@ -297,4 +297,4 @@ def test_launch_on_cuda_without_transformer_engine_refuses_packing_before_ray(mo
     monkeypatch.delenv("DRY_RUN")
     assert main_dapo.main([*argv[:-1], "actor_rollout_ref.model.use_remove_padding=False"]) == 1
     err = capsys.readouterr().err
-    assert "Traceback" in err and err.strip().splitlines()[-1] == "error: AssertionError: main_ppo.main ran: Ray would start"
+    assert "Traceback" in err and err.strip().splitlines()[-1] == "failed: AssertionError: main_ppo.main ran: Ray would start"

@@ -151,12 +151,13 @@ def summarize(records: list[dict], log_text: str = "") -> Failure:
 
 
 CLI_ERROR_LINE = re.compile(r"^error: (.+?)\s*$", re.MULTILINE)  # how this project's entry points print a UserError
+FAILED_LINE = re.compile(r"^failed: (.+?)\s*$", re.MULTILINE)  # ... and anything else (main_dapo)
 
 
 def summarize_entry_point_log(log_text: str) -> Failure:
     """A failed run of one of this project's entry points (``main_dapo`` under ``tiny-dapo``), from its log:
     the one line it printed for a user mistake (raised in a Ray actor too), else a UserError in any
-    traceback, else its own uncaught exception."""
+    traceback, else its own summary of what failed, else its own uncaught exception."""
     text = ANSI.sub("", log_text)
     m = CLI_ERROR_LINE.search(text)
     if m:
@@ -164,6 +165,9 @@ def summarize_entry_point_log(log_text: str) -> Failure:
     found = user_error_in_text(text)
     if found:
         return Failure(found, found)
+    m = FAILED_LINE.search(text)
+    if m:
+        return Failure(None, m.group(1))
     exc = exception_in_text(text, last=True)
     if exc:
         return Failure(None, exc)

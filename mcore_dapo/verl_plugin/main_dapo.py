@@ -134,7 +134,7 @@ def main(argv=None) -> int:
         from mcore_dapo.runtime.failures import exception_line
 
         traceback.print_exc()  # the full log: this traceback (a Ray error's holds the actor's) and Ray's
-        print(f"error: {exception_line(e)}{_ray_logs()}", file=sys.stderr)
+        print(f"failed: {exception_line(e)}{_ray_logs()}", file=sys.stderr)  # not a user's mistake: no error:
         return 1
     finally:
         if full_error is None:
