@@ -47,7 +47,7 @@ def user_error_line(exc: BaseException | None) -> str | None:
         found = user_error_in_text(str(exc))
         if found:
             return found
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)  # `from None`: not it
     return None
 
 
