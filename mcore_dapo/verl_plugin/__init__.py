@@ -10,8 +10,8 @@ It does light work only, and never imports Megatron (MindSpeed must come first o
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
 * registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`.platform_cpu`),
-  chosen by verl only when torch is a CPU build and no accelerator answers, and applies the
-  patch registry's verl patches for it;
+  chosen by verl only when no accelerator answers and :func:`mcore_dapo.devices.detect` says ``cpu``, and
+  applies the patch registry's verl patches for it;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
   engine package is imported (:mod:`.engine`);
 * registers the ``hf_cpu`` rollout (replica + worker adapter) once verl's rollout package is
