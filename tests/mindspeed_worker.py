@@ -81,6 +81,11 @@ def grouped_experts(adapter, bridge, sequential, hf_path: str) -> dict:
     from mcore_dapo.runtime.parallel import parallel_info
 
     out: dict = {}
+    from mindspeed import megatron_adaptor
+
+    # the flags an engine with the adapter's grouped GEMM gets (the process's first configure applied them)
+    megatron_adaptor.repatch(adapter.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1,
+                                                     dispatcher="allgather"))
     fields = fast_path_overrides(bridge, adapter, {}, dispatcher="allgather")
     out["fast_path_fields"] = {k: v for k, v in fields.items() if not isinstance(v, type)}
     tf = build_transformer_config(bridge.cfg, bridge.layout, fields, dtype="fp32", dispatcher="allgather")
@@ -146,7 +151,12 @@ def main(hf_path: str) -> dict:
 
     out["repatch_signature"] = str(inspect.signature(megatron_adaptor.repatch))
 
-    flags = adapter.feature_flags({"use_fused_rmsnorm": True}, 1)
+    from mcore_dapo.bridge import Bridge, Layout
+
+    bridge = Bridge.from_hf(hf_path, Layout())
+    # what the verl engine gives repatch: the user's override over the adapter's fast paths (the allgather
+    # dispatcher: see below)
+    flags = adapter.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1, dispatcher="allgather")
     adapter.configure(flags)
     applied = [k for k, p in MindSpeedPatchesManager.patches_info.items() if p.is_applied]
     out["flags"] = flags
@@ -161,7 +171,6 @@ def main(hf_path: str) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
-    from mcore_dapo.bridge import Bridge, Layout
     from mcore_dapo.bridge.megatron_config import build_transformer_config, gpt_model_kwargs
     from mcore_dapo.runtime.model import local_params
     from mcore_dapo.runtime.parallel import parallel_info
@@ -172,15 +181,20 @@ def main(hf_path: str) -> dict:
     adapter.mark_model_parallel_initialised()
     # a second engine in this process (verl's reference beside the actor, KL on): its _init_device_mesh
     # configures again after model-parallel init; the same MindSpeed flags go on, other ones are refused
-    ref_flags = adapter.feature_flags({"use_fused_rmsnorm": True, "recompute_granularity": "full"}, 1)
-    adapter.configure(ref_flags)
+    def engine_flags(overrides):
+        return adapter.configure_flags(bridge.cfg, bridge.layout, overrides, 1, dispatcher="allgather")
+
+    adapter.configure(engine_flags({"use_fused_rmsnorm": True, "recompute_granularity": "full"}))
     out["second_engine_same_flags"] = "ok"
     try:
-        adapter.configure(adapter.feature_flags({"use_fused_rmsnorm": False}, 1))
+        adapter.configure(engine_flags({"use_fused_rmsnorm": False}))
         out["second_engine_other_flags"] = "accepted"
     except Exception as e:  # noqa: BLE001 - the refusal's type and line are the result
         out["second_engine_other_flags"] = f"{type(e).__name__}: {e}"
-    bridge = Bridge.from_hf(hf_path, Layout())
+    # The SequentialMLP model: built under the MindSpeed flags an engine with moe_grouped_gemm=False gets
+    # (MindSpeed validates its features on every TransformerConfig, and gemm_gradient_accumulation_fusion needs
+    # grouped GEMM: mindspeed/features_manager/moe/gmm.py); a process of its own would call repatch with them
+    megatron_adaptor.repatch(engine_flags({"use_fused_rmsnorm": True, "moe_grouped_gemm": False}))
     # the allgather dispatcher: alltoall's constructor makes a torch.cuda.Stream, which
     # transfer_to_npu turns into an NPU stream on Ascend and nothing turns into one here;
     # the dispatcher holds no parameters, so the checkpoint keys are the same

@@ -226,3 +226,23 @@ def test_env_says_which_fast_paths_run_here_and_why_the_others_do_not():
     text = render(npu)
     assert "fast paths on npu here" in text and "off use_fused_rmsnorm" in text
     assert all(not p["on"] for p in collect("cpu")["fast_paths"])
+
+
+def test_ascend_configure_flags_give_every_flag_and_follow_the_users_grouped_gemm(qwen3_30b):
+    npu = get_adapter("npu")
+    flags = npu.configure_flags(qwen3_30b, Layout(tp=8), {"use_fused_rmsnorm": False}, 1, recipe=True)
+    # the user's flag wins; an off flag is given as False (repatch keeps values it is not given); the dispatcher
+    # and the position embedding that MindSpeed's feature checks read on every TransformerConfig
+    assert flags["use_fused_rmsnorm"] is False and flags["moe_alltoall_overlap_comm"] is False
+    assert flags["moe_grouped_gemm"] is True and flags["gemm_gradient_accumulation_fusion"] is True
+    assert flags["moe_token_dispatcher_type"] == "alltoall" and flags["position_embedding_type"] == "rope"
+    # grouped GEMM off: what needs it (mindspeed/features_manager/moe/gmm.py, moe_alltoall_overlap.py) goes off
+    off = npu.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False}, 1, recipe=True)
+    assert off["moe_grouped_gemm"] is False
+    assert off["gemm_gradient_accumulation_fusion"] is False and off["moe_alltoall_overlap_comm"] is False
+    with pytest.raises(UserError, match=r"^override_transformer_config.gemm_gradient_accumulation_fusion=True cannot "
+                                        r"run on npu: needs moe_grouped_gemm, which is off"):
+        npu.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False,
+                                                      "gemm_gradient_accumulation_fusion": True}, 1, recipe=True)
+    # devices without feature flags get none
+    assert get_adapter("cuda").configure_flags(qwen3_30b, Layout(ep=8), {"attention_backend": "flash"}) == {}

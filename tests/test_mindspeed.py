@@ -76,7 +76,13 @@ def test_real_mindspeed_imports_first_and_patches_megatron(mindspeed_run):
     assert r["patches_at_import"] > 50  # MindSpeed's default (optimization level 0) features
     # what our adapter calls: megatron_adaptor.repatch(args) with the flags as one dict
     assert r["repatch_signature"] == "(args)"
-    assert r["flags"] == {"use_fused_rmsnorm": True, "use_flash_attn": True}
+    # the user's flag over the adapter's fast paths (the tiny MoE model at EP 1, allgather: no all-to-all overlap,
+    # no permute fusion; the stand-in torch_npu has no permute kernels)
+    assert r["flags"] == {"moe_grouped_gemm": True, "bias_activation_fusion": True, "use_flash_attn": True,
+                          "use_fused_rmsnorm": True, "use_fused_swiglu": True, "use_fused_rotary_pos_emb": True,
+                          "gemm_gradient_accumulation_fusion": True, "moe_permutation_async_comm": True,
+                          "moe_alltoall_overlap_comm": False,  # off flags given as False: repatch keeps earlier values
+                          "moe_token_dispatcher_type": "allgather", "position_embedding_type": "rope"}
     targets = r["mindspeed_targets_megatron"]
     for t in ("megatron.core.extensions.transformer_engine.TELayerNormColumnParallelLinear",
               "megatron.core.transformer.transformer_config.TransformerConfig.__init__"):

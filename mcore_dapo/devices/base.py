@@ -200,11 +200,12 @@ class DeviceAdapter(ABC):
 
     # -- fast paths (docs/PERFORMANCE.md) -------------------------------------------------------------
     def fast_paths(self, cfg, layout, *, dispatcher: str = "alltoall", replay: bool = False,
-                   recipe: bool = False) -> list["FastPath"]:
+                   recipe: bool = False, grouped_gemm: bool = True) -> list["FastPath"]:
         """Every performance setting this device decides for ``cfg`` (HFModelConfig) under ``layout``, on or
         off, each with its reason. ``recipe``: for the software the device's recipe installs (Transformer
         Engine on CUDA, MindSpeed on Ascend) instead of what this machine has. ``replay``: router replay
-        (R2/R3) is on. The CPU runs Megatron's unfused path: none is on."""
+        (R2/R3) is on. ``grouped_gemm=False``: the user turned grouped GEMM off (what needs it goes off too).
+        The CPU runs Megatron's unfused path: none is on."""
         why = "the CPU runs Megatron's unfused path (the fused kernels are CUDA or Ascend ones)"
         return [FastPath(s, v, False, why) for s, v in megatron_fast_path_settings(cfg)]
 
@@ -215,6 +216,24 @@ class DeviceAdapter(ABC):
     def fast_path_flags(self, cfg, layout, **kw) -> dict:
         """The device feature flags (MindSpeed's on Ascend) of the fast paths that are on."""
         return {p.setting: p.value for p in self.fast_paths(cfg, layout, **kw) if p.on and p.kind != "megatron"}
+
+    def configure_flags(self, cfg, layout, overrides: dict | None, context_parallel_size: int = 1, **kw) -> dict:
+        """What :meth:`configure` is given for a model: the user's ``override_transformer_config`` over the fast
+        paths (their TransformerConfig fields and feature flags, with the dispatcher MindSpeed's MoE features read),
+        a fast path asked that cannot run refused first; nothing where the device takes no feature flags."""
+        if not self.takes_feature_flags():
+            return self.feature_flags(overrides, context_parallel_size)
+        overrides = dict(overrides or {})
+        kw.setdefault("grouped_gemm", overrides.get("moe_grouped_gemm") is not False)
+        self.check_fast_path_overrides(cfg, layout, overrides, **kw)
+        # flags that are off are given as False: MindSpeed's repatch sets each given flag on its arguments and
+        # keeps those it is not given (mindspeed/megatron_adaptor.py)
+        fast = {**self.fast_path_fields(cfg, layout, **kw),
+                **{p.setting: (p.value if p.on else False) for p in self.fast_paths(cfg, layout, **kw)
+                   if p.kind != "megatron"}}
+        if cfg.is_moe:
+            fast["moe_token_dispatcher_type"] = kw.get("dispatcher", "alltoall")
+        return self.feature_flags({**fast, **overrides}, context_parallel_size)
 
     def fast_path_warning(self, cfg, layout, **kw) -> str | None:
         """One line naming the fast paths this machine's software cannot run, where the device's recipe
@@ -232,6 +251,7 @@ class DeviceAdapter(ABC):
         from mcore_dapo.errors import UserError
 
         overrides = overrides or {}
+        kw.setdefault("grouped_gemm", overrides.get("moe_grouped_gemm") is not False)
         for p in self.fast_paths(cfg, layout, **kw):
             asked = overrides.get(p.setting)
             if p.on or not asked or p.setting == "attention_backend":

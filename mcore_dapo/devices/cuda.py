@@ -105,7 +105,8 @@ class CudaAdapter(DeviceAdapter):
         block = decoder_block_spec(config, use_transformer_engine=te, vp_stage=vp_stage, pp_rank=pp_rank)
         return block if te else te_compatible_keys(block)
 
-    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, te: str | None = None):
+    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True,
+                   te: str | None = None):
         """Transformer Engine's kernels where the installed TE (``recipe``: the CUDA recipe's, RECIPE_TE; ``te``:
         a given version, with the recipe's other software) runs them, at the versions megatron-core's sources
         name; Megatron's own SwiGLU fusion without TE."""

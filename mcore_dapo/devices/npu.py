@@ -125,6 +125,12 @@ class NpuAdapter(DeviceAdapter):
         the CP size (as verl's own NPU engine passes them)."""
         flags = dict(overrides or {})
         flags.setdefault("use_flash_attn", True)
+        if flags.get("use_fused_rotary_pos_emb"):
+            # MindSpeed validates its features on every TransformerConfig (transformer_config_post_init_wrapper,
+            # mindspeed/core/megatron_basic/arguments_basic.py), and FusedRoPEFeature reads position_embedding_type
+            # (mindspeed/features_manager/fusions/fused_rope.py), a GPTModel argument the config has only from
+            # repatch's arguments; the bridge builds rope (gpt_model_kwargs)
+            flags.setdefault("position_embedding_type", "rope")
         if context_parallel_size > 1:
             flags["context_parallel_size"] = context_parallel_size
         return flags
@@ -184,10 +190,12 @@ class NpuAdapter(DeviceAdapter):
     def expected_stack(self) -> list[StackRequirement]:
         return list(STACK)
 
-    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False):
+    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True):
         """MindSpeed's kernels (flags of its ``repatch``, read from MindSpeed 26.1.0_core_r0.12.1's
         features_manager), and grouped GEMM. ``repatch`` applies features without their ``validate_args``
-        (mindspeed/megatron_adaptor.py), so each flag's conditions are checked here."""
+        (mindspeed/megatron_adaptor.py); MindSpeed runs those only when a TransformerConfig is built
+        (mindspeed/core/megatron_basic/arguments_basic.py), inside a worker: each flag's conditions are
+        checked here, so that a flag asked where they fail is one line before Ray."""
         from mcore_dapo.devices.base import FastPath
 
         have = recipe or (importlib.util.find_spec("mindspeed") is not None
@@ -201,7 +209,7 @@ class NpuAdapter(DeviceAdapter):
             else:
                 paths.append(FastPath(setting, True, ok, detail if ok else why, kind))
 
-        grouped = cfg.is_moe
+        grouped = cfg.is_moe and grouped_gemm
         if cfg.is_moe:
             add("moe_grouped_gemm", "megatron", "TEGroupedMLP on MindSpeed's grouped linear, "
                 "torch_npu.npu_grouped_matmul (mindspeed/te/pytorch/module/grouped_linear.py)")
@@ -231,7 +239,8 @@ class NpuAdapter(DeviceAdapter):
         if cfg.is_moe:
             add("gemm_gradient_accumulation_fusion", "mindspeed", "the grouped GEMM's weight gradient accumulated "
                 "in place; needs moe_grouped_gemm (mindspeed/features_manager/moe/gmm.py)", ok=grouped,
-                why="needs moe_grouped_gemm (mindspeed/features_manager/moe/gmm.py)")
+                why="needs moe_grouped_gemm, which is off (mindspeed/features_manager/moe/gmm.py validates it "
+                "on every TransformerConfig)")
             add("moe_permutation_async_comm", "mindspeed", "read by the alltoall_seq and moe_tp_extend_ep "
                 "paths only (mindspeed/features_manager/moe/tp_extend_ep.py, moe_alltoall_overlap.py); "
                 "set as the recipes set it")
@@ -240,6 +249,8 @@ class NpuAdapter(DeviceAdapter):
                 overlap_why.append(f"needs expert_model_parallel_size > 1, the layout has {layout.ep}")
             if dispatcher != "alltoall":
                 overlap_why.append(f"needs the alltoall dispatcher, the layout has {dispatcher}")
+            if not grouped:
+                overlap_why.append("needs moe_grouped_gemm, which is off")
             add("moe_alltoall_overlap_comm", "mindspeed", "the experts' all-to-all overlapped with compute "
                 "(mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1, alltoall, grouped GEMM)",
                 ok=not overlap_why, why="; ".join(overlap_why) + " (mindspeed/features_manager/moe/moe_alltoall_overlap.py)")

@@ -208,7 +208,12 @@ def _configure_device(engine) -> None:
     adapter = get_adapter()
     adapter.apply_patches()
     cfg = engine.engine_config
-    adapter.configure(adapter.feature_flags(_with_fast_paths(engine, adapter), cfg.context_parallel_size))
+    if adapter.takes_feature_flags():  # the user's override_transformer_config over the device's fast paths
+        model, layout, kw = _fast_path_context(engine)
+        flags = adapter.configure_flags(model, layout, cfg.override_transformer_config, cfg.context_parallel_size, **kw)
+    else:
+        flags = adapter.feature_flags(cfg.override_transformer_config, cfg.context_parallel_size)
+    adapter.configure(flags)
 
 
 def _fast_path_context(engine) -> tuple:
@@ -220,18 +225,6 @@ def _fast_path_context(engine) -> tuple:
     replay = str(getattr(getattr(ec, "router_replay", None), "mode", "disabled")) != "disabled"
     kw = dict(dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall", replay=replay)
     return load_hf_config(engine.model_config.local_path), Layout.from_megatron(ec), kw
-
-
-def _with_fast_paths(engine, adapter) -> dict:
-    """The user's ``override_transformer_config`` over the device's fast paths (TransformerConfig fields and
-    feature flags): what MindSpeed's ``repatch`` is given on Ascend, as verl's own NPU engine passes it."""
-    overrides = dict(engine.engine_config.override_transformer_config or {})
-    if not adapter.takes_feature_flags():
-        return overrides
-    cfg, layout, kw = _fast_path_context(engine)
-    adapter.check_fast_path_overrides(cfg, layout, overrides, **kw)
-    fast = {**adapter.fast_path_fields(cfg, layout, **kw), **adapter.fast_path_flags(cfg, layout, **kw)}
-    return {**fast, "moe_token_dispatcher_type": kw["dispatcher"], **overrides} if cfg.is_moe else {**fast, **overrides}
 
 
 def _build_tf_config(engine) -> None:

@@ -94,3 +94,13 @@ _C._distributed_c10d.ProcessGroupHCCL = types.SimpleNamespace(Options=_HcclOptio
 # dtypes the NPU does not support (MindSpeed's dist-train feature reads this list when a
 # TransformerConfig is validated); the stand-in lists torch's quantized dtypes
 unsupported_dtype = [torch.quint8, torch.quint4x2, torch.quint2x4, torch.qint32, torch.qint8]
+
+# torch_npu.utils.collect_env.get_cann_version: the CANN version, "not known" where CANN is not installed, as
+# here (MindSpeed's MoE overlap modules read it at import: mindspeed/core/transformer/moe/moe_feature/overlap/
+# token_dispatcher.py)
+utils = _module(__name__ + ".utils")
+utils.__path__ = []
+sys.modules[utils.__name__] = utils
+utils.collect_env = _module(utils.__name__ + ".collect_env")
+utils.collect_env.get_cann_version = lambda: "not known"
+sys.modules[utils.collect_env.__name__] = utils.collect_env
