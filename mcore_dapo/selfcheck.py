@@ -3,7 +3,8 @@
 Steps, in order; each is timed and given a verdict (``pass``, ``fail`` or ``skipped: <reason>``), and a
 failed step does not hide the others:
 
-1. ``env``: versions, the device, Transformer Engine / MindSpeed, the patches that apply;
+1. ``env``: versions, the device, Transformer Engine / MindSpeed, the patches that apply, the fast paths that run
+   (every model below is built with them: ``runtime.model.build_model``);
 2. ``model``: on an accelerator, Qwen3-30B-A3B at its real width (hidden 2048, 32 heads / 4 KV groups,
    head_dim 128, 128 experts top-8, expert ffn 768, vocab 151936) truncated to ``--layers`` layers with
    seeded random weights (HF safetensors, no download); on the CPU the tiny Qwen3-MoE (head_dim 32, which
@@ -309,7 +310,8 @@ HEADLINE = {
     "model": lambda r: f"{r['layers']} layers, hidden {r['hidden']}, {r['experts']} experts, "
                        f"{r['bytes'] / 1e9:.3g} GB, layout {r['layout']}",
     "env": lambda r: f"torch {r['versions']['torch']}, megatron-core {r['versions']['megatron-core']}, "
-                     f"TE {r['versions']['transformer-engine']}, MindSpeed {r['versions']['mindspeed']}",
+                     f"TE {r['versions']['transformer-engine']}, MindSpeed {r['versions']['mindspeed']}, fast paths on: "
+                     f"{', '.join(p['setting'] for p in r.get('fast_paths', []) if p['on']) or 'none'}",
     "dapo_update": lambda r: f"loss {r['loss']:.4f} (fp32 HF {r['reference_loss']:.4f}), grad norm "
                              f"{r['grad_norm']:.4f} (HF {r['reference_grad_norm']:.4f}), sync diff "
                              f"{r['received_vs_engine']}, {r['tokens_per_second']} tokens/s, {_peak(r)}",
