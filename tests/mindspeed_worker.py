@@ -63,12 +63,14 @@ def npu_is_cpu():
     return NpuIsCpu()
 
 
-def grouped_experts(adapter, bridge, sequential, hf_path: str) -> dict:
+def grouped_experts(adapter, bridge, sequential, hf_path: str, cpu_checkpoint: str | None) -> dict:
     """The model with the NPU adapter's grouped GEMM (``moe_grouped_gemm`` from its fast paths): Megatron's
     TEGroupedMLP on MindSpeed's grouped linear (``linear_fc1.weight{i}``, one parameter per local expert).
     HF weights load through the bridge; its torch_dist shards (what ``dist_checkpointing`` saves and loads:
     key, offset, global shape, data) equal those of the SequentialMLP model built above (``sequential``), so
-    either's checkpoint loads into the other; the exporter gives back the HF tensors bit for bit. (A torch_dist
+    either's checkpoint loads into the other; ``cpu_checkpoint``: the keys and global shapes of a checkpoint
+    the CPU adapter wrote (local spec) are those of the grouped model's shards; the exporter gives back the HF
+    tensors bit for bit. (A torch_dist
     save itself does not run here: MindSpeed's ``preload_tensors`` and Megatron's async writer need a device.)"""
     import torch
     from megatron.core.models.gpt import GPTModel
@@ -126,6 +128,13 @@ def grouped_experts(adapter, bridge, sequential, hf_path: str) -> dict:
     out["expert_shards"] = sum(1 for k, _ in g if ".experts." in k)
     out["shards_differ"] = sorted(f"{k}@{o}" for (k, o) in g if (k, o) not in s or g[(k, o)][0] != s[(k, o)][0]
                                   or not torch.equal(g[(k, o)][1], s[(k, o)][1]))
+    if cpu_checkpoint:  # hf2mcore's torch_dist checkpoint written by the CPU adapter (local spec, SequentialMLP)
+        from mcore_dapo.io.dist_ckpt import checkpoint_keys
+
+        written = {k: v for k, v in checkpoint_keys(cpu_checkpoint).items() if not k.endswith("_extra_state")}
+        shapes = {k: shape for (k, _), (shape, _) in g.items()}
+        out["cpu_checkpoint_differ"] = sorted(k for k in set(written) | set(shapes) if written.get(k) != shapes.get(k))
+        out["cpu_checkpoint_keys"] = len(written)
     load_hf_weights([grouped], bridge, reader, info)
     exported = {name: t.clone() for name, t in WeightExporter([grouped], bridge, info).iter_weights()}
     out["exported"] = len(exported)
@@ -133,7 +142,7 @@ def grouped_experts(adapter, bridge, sequential, hf_path: str) -> dict:
     return out
 
 
-def main(hf_path: str) -> dict:
+def main(hf_path: str, cpu_checkpoint: str | None = None) -> dict:
     out: dict = {"megatron_before_prepare": megatron_loaded()}
     from mcore_dapo.devices import detect, get_adapter
 
@@ -218,7 +227,7 @@ def main(hf_path: str) -> dict:
     keys = sorted({e.key for e in _entries(sharded_state_dict([model])) if not e.key.endswith("_extra_state")})
     out["checkpoint_keys"] = keys
     out["checkpoint_layout"] = key_layout(keys)
-    out["grouped"] = grouped_experts(adapter, bridge, model, hf_path)
+    out["grouped"] = grouped_experts(adapter, bridge, model, hf_path, cpu_checkpoint)
     dist.destroy_process_group()
     del torch
     return out
@@ -228,7 +237,7 @@ if __name__ == "__main__":
     from mcore_dapo.errors import UserError
 
     try:
-        result = main(sys.argv[1])
+        result = main(*sys.argv[1:3])
     except UserError as e:
         result = {"error": str(e)}
     sys.stdout.write("\nRESULT " + json.dumps(result) + "\n")

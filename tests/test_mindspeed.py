@@ -52,13 +52,18 @@ CHECKPOINT_KEYS = [
 
 
 @pytest.fixture(scope="module")
-def mindspeed_run(tiny_moe) -> dict:
+def mindspeed_run(tiny_moe, tmp_path_factory) -> dict:
+    # a checkpoint the CPU adapter writes (Megatron's local spec, SequentialMLP), for the grouped model's keys
+    cpu_checkpoint = tmp_path_factory.mktemp("cpu-checkpoint") / "mcore"
+    subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", "hf2mcore", "--hf-path", str(tiny_moe), "--out",
+                    str(cpu_checkpoint), "--nproc", "1", "--dtype", "fp32"], check=True, capture_output=True,
+                   timeout=600, env={**os.environ, "MCORE_DAPO_DEVICE": "cpu"})
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(TESTS / "npu_standin"), str(TESTS / "vendor" / "MindSpeed"), str(TESTS / "vendor" / "Megatron-LM"),
          str(REPO), env.get("PYTHONPATH", "")])
     env.pop("MCORE_DAPO_DEVICE", None)
-    proc = subprocess.run([sys.executable, str(TESTS / "mindspeed_worker.py"), str(tiny_moe)], env=env,
+    proc = subprocess.run([sys.executable, str(TESTS / "mindspeed_worker.py"), str(tiny_moe), str(cpu_checkpoint)], env=env,
                           capture_output=True, text=True, timeout=600, cwd=str(TESTS))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"worker gave no result (rc {proc.returncode}):\n{proc.stderr[-4000:]}"
@@ -137,5 +142,7 @@ def test_grouped_gemm_builds_te_grouped_mlp_whose_checkpoint_and_export_equal_se
     assert g["checkpoint_keys"] == CHECKPOINT_KEYS
     assert g["shard_keys_equal"] is True and g["shards_differ"] == []
     assert g["expert_shards"] == 4 * 8 * 3  # layers x experts x (gate, up, fc2)
+    # and the keys and global shapes of hf2mcore's checkpoint written on the CPU (local spec, SequentialMLP)
+    assert g["cpu_checkpoint_keys"] == len(CHECKPOINT_KEYS) and g["cpu_checkpoint_differ"] == []
     # the rollout export of the grouped model gives the HF checkpoint's tensors bit for bit
     assert g["exported"] == 135 and g["export_differ"] == []
