@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mcore_dapo.bridge.layout import Layout
 from mcore_dapo.runtime.launch import torchrun
 
 TOLERANCE = 1e-4  # max |logit difference| in float32
@@ -47,9 +48,9 @@ class DemoLayout:
 
 
 LAYOUTS = (
-    DemoLayout(2, ("--ep", "2", "--dispatcher", "alltoall")),
-    DemoLayout(2, ("--ep", "2", "--dispatcher", "allgather")),
-    DemoLayout(2, ("--tp", "2")),
+    DemoLayout(2, (*Layout(ep=2).to_argv(), "--dispatcher", "alltoall")),
+    DemoLayout(2, (*Layout(ep=2).to_argv(), "--dispatcher", "allgather")),
+    DemoLayout(2, tuple(Layout(tp=2).to_argv())),
 )
 
 
@@ -78,7 +79,7 @@ def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
 
 def rollout_sync(hf_dir: Path, ref: Path) -> dict:
     r = torchrun("mcore_dapo.harness.sync_check", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
-                                                 "--ep", "2"], 2)
+                                                 *Layout(ep=2).to_argv()], 2)
     big = r["export_big"]
     return {
         "layout": r["layout"], "tensors": big["tensors"], "buckets": big["buckets"],
@@ -98,7 +99,7 @@ def _update_and_reference(module: str, hf_dir: Path, work: Path) -> tuple[dict, 
     if importlib.util.find_spec("verl") is None:
         return None
     work.mkdir(exist_ok=True)
-    got = torchrun(module, ["--hf-path", str(hf_dir), "--work", str(work), "--ep", "2"], 2)
+    got = torchrun(module, ["--hf-path", str(hf_dir), "--work", str(work), *Layout(ep=2).to_argv()], 2)
     ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path",
                           str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
     return got, json.loads(ref.stdout.strip().splitlines()[-1])

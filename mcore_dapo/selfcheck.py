@@ -79,10 +79,6 @@ def choose_layout(cfg, nproc: int) -> Layout:
     return Layout(tp=tp, ep=ep, etp=1).validate(cfg, nproc)
 
 
-def layout_args(layout: Layout) -> list[str]:
-    return ["--tp", str(layout.tp), "--ep", str(layout.ep), "--etp", str(layout.expert_tp)]
-
-
 def within(result: dict, dtype: str) -> bool:
     """Whether a logits comparison is inside the tolerance of its dtype."""
     tol = TOLERANCE[dtype]
@@ -140,7 +136,7 @@ class SelfCheck:
     def step_megatron_vs_hf(self) -> dict:
         r = self._torchrun("mcore_dapo.harness.logits",
                            ["--hf-path", str(self._model()), "--reference", str(self.work / "reference.pt"),
-                            "--device", self.device, "--dtype", self.dtype, "--backward", *layout_args(self.layout)])
+                            "--device", self.device, "--dtype", self.dtype, "--backward", *self.layout.to_argv()])
         r["tolerance"] = TOLERANCE[self.dtype]
         r["ok"] = within(r, self.dtype)
         return r
@@ -165,7 +161,7 @@ class SelfCheck:
 
     def step_export(self) -> dict:
         r = self._torchrun("mcore_dapo.harness.sync_bench",
-                           ["--hf-path", str(self._model()), "--device", self.device, *layout_args(self.layout)])
+                           ["--hf-path", str(self._model()), "--device", self.device, *self.layout.to_argv()])
         r["ok"] = bool(r["bit_exact"])
         return r
 
@@ -177,7 +173,7 @@ class SelfCheck:
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
         r = self._torchrun("mcore_dapo.harness.vllm_bench",
                            ["--hf-path", str(self._model()), "--device", self.device, "--repeat", "2",
-                            *layout_args(self.layout)])
+                            *self.layout.to_argv()])
         r["logprob_tolerance"] = LOGPROB_TOLERANCE_FP32 if self.dtype == "fp32" else None
         r["ok"] = bool(r["exact"]) and (self.dtype != "fp32" or r["logprob_max_diff"] < LOGPROB_TOLERANCE_FP32)
         return r
@@ -185,7 +181,8 @@ class SelfCheck:
     def step_dapo_update(self) -> dict:
         if importlib.util.find_spec("verl") is None:
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
-        args = ["--hf-path", str(self._model()), "--work", str(self.work / "dapo"), "--ep", str(self.layout.ep)]
+        args = ["--hf-path", str(self._model()), "--work", str(self.work / "dapo"),
+                *Layout(ep=self.layout.ep).to_argv()]  # the engine step at the layout's EP alone
         if self.adapter.packed_sequences_supported():
             args.append("--remove-padding")
         (self.work / "dapo").mkdir(exist_ok=True)

@@ -60,3 +60,58 @@ def test_one_table_of_megatron_names():
     # the names are those of initialize_model_parallel and of TransformerConfig
     assert set(MEGATRON_NAMES.values()) <= set(inspect.signature(ps.initialize_model_parallel).parameters)
     assert set(MEGATRON_NAMES.values()) <= {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+@pytest.mark.parametrize("lay", [Layout(), Layout(tp=2, ep=2), Layout(tp=2, pp=2, ep=4, etp=1, vpp=2), Layout(cp=2, ep=8)])
+def test_one_command_line_spelling_round_trips(lay):
+    """Layout.add_args / from_args / to_argv: what a launcher writes is what a worker reads back."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    Layout.add_args(ap, ("tp", "pp", "ep", "etp", "cp", "vpp"))
+    assert Layout.from_args(ap.parse_args(lay.to_argv())) == lay
+    assert Layout.from_args(ap.parse_args([])) == Layout()
+
+
+def test_command_line_defaults_and_unset():
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)  # a worker whose default is EP2
+    assert Layout.from_args(ap.parse_args([])) == Layout(ep=2)
+    ap = argparse.ArgumentParser()
+    Layout.add_args(ap, unset=True)  # verify: the checkpoint's layout unless given
+    a = ap.parse_args(["--ep", "4"])
+    assert (a.tp, a.pp, a.ep, a.etp) == (None, None, 4, None) and Layout.from_args(a) == Layout(ep=4)
+    # a worker without --vpp refuses a layout with VPP (argparse's own error), never drops it silently
+    with pytest.raises(SystemExit):
+        ap.parse_args(Layout(pp=2, vpp=2).to_argv())
+
+
+def test_hydra_overrides_use_megatrons_names():
+    out = Layout(tp=2, ep=8, etp=1).hydra_overrides("actor_rollout_ref.actor.megatron")
+    assert out == ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                   "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+                   "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=null",
+                   "actor_rollout_ref.actor.megatron.context_parallel_size=1",
+                   "actor_rollout_ref.actor.megatron.expert_model_parallel_size=8",
+                   "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"]
+
+
+def test_no_command_spells_a_layout_by_hand():
+    """Every CLI, worker and launcher spells a layout through Layout (add_args / to_argv / hydra_overrides):
+    no layout flag or Megatron size name is written out elsewhere in the product."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mcore_dapo"
+    flag = re.compile(r"""["']--(tp|pp|ep|etp|vpp|cp)["']""")
+    hydra = re.compile(r"megatron\.(tensor|pipeline|expert|expert_tensor)_model_parallel_size=")
+    found = []
+    for path in root.rglob("*.py"):
+        if path.name == "layout.py" and path.parent.name == "bridge":
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if flag.search(line) or hydra.search(line):
+                found.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)

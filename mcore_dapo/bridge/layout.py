@@ -19,6 +19,19 @@ MEGATRON_NAMES = {
 }
 
 
+# The command-line spelling of a layout, the same in every CLI, worker and launcher: one flag per field
+# (``Layout.add_args`` / ``Layout.from_args`` / ``Layout.to_argv``).
+ARG_HELP = {
+    "tp": "tensor parallel size",
+    "pp": "pipeline parallel size",
+    "vpp": "virtual pipeline stages per pipeline rank (the interleaved schedule; default: none)",
+    "cp": "context parallel size",
+    "ep": "expert parallel size",
+    "etp": "expert tensor parallel size (default: TP)",
+}
+LAYOUT_FLAGS = ("tp", "pp", "ep", "etp")  # what every layout-taking command reads; cp and vpp where asked
+
+
 @dataclass(frozen=True)
 class Layout:
     tp: int = 1
@@ -60,6 +73,37 @@ class Layout:
         """The layout under Megatron's names (ETP resolved, VPP None when there is none)."""
         d = self.as_dict()
         return {mname: d[field] for field, mname in MEGATRON_NAMES.items()}
+
+    @classmethod
+    def add_args(cls, parser, flags: tuple[str, ...] = LAYOUT_FLAGS, unset: bool = False, **defaults) -> None:
+        """``--tp --pp --ep --etp`` (and ``--cp`` / ``--vpp`` when in ``flags``) on an argparse parser, with the
+        Layout's defaults unless ``defaults`` give others; ``unset``: every default None (the layout comes from
+        elsewhere unless given, as ``mcore-convert verify`` reads it from the checkpoint)."""
+        base = cls()
+        for name in flags:
+            default = None if unset else defaults.get(name, getattr(base, name))
+            parser.add_argument(f"--{name}", type=int, default=default, help=ARG_HELP[name])
+
+    @classmethod
+    def from_args(cls, a) -> "Layout":
+        """The layout of parsed :meth:`add_args` flags (a flag left out or None: the Layout's default)."""
+        return cls(**{name: getattr(a, name) for name in MEGATRON_NAMES if getattr(a, name, None) is not None})
+
+    def to_argv(self) -> list[str]:
+        """The flags :meth:`add_args` reads back into this layout: TP, PP and EP always, ETP and VPP where set,
+        CP above 1."""
+        out = []
+        for name in ("tp", "pp", "vpp", "cp", "ep", "etp"):
+            value = getattr(self, name)
+            if value is None or (name == "cp" and value == 1):
+                continue
+            out += [f"--{name}", str(value)]
+        return out
+
+    def hydra_overrides(self, prefix: str) -> list[str]:
+        """verl's Hydra overrides of this layout under ``prefix`` (``actor_rollout_ref.actor.megatron``): every
+        size under Megatron's name (:meth:`megatron_sizes`: ETP resolved), ``null`` for no VPP."""
+        return [f"{prefix}.{mname}={'null' if v is None else v}" for mname, v in self.megatron_sizes().items()]
 
     @classmethod
     def from_megatron(cls, sizes) -> "Layout":

@@ -6,20 +6,12 @@ import argparse
 import json
 import sys
 
+from mcore_dapo.bridge.layout import LAYOUT_FLAGS, Layout
 from mcore_dapo.cli import user_errors
 
 
-def _layout_args(p, etp_help="expert tensor parallel size (default: TP)"):
-    p.add_argument("--tp", type=int, default=1, help="tensor parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline parallel size")
-    p.add_argument("--ep", type=int, default=1, help="expert parallel size")
-    p.add_argument("--etp", type=int, default=None, help=etp_help)
-
-
 def _layout(a):
-    from mcore_dapo.bridge import Layout
-
-    return Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    return Layout.from_args(a)
 
 
 def _hf2mcore(a) -> int:
@@ -55,7 +47,7 @@ def _mcore2hf(a) -> int:
 def _verify(a) -> int:
     from mcore_dapo.convert.verify import verify
 
-    layout = _layout(a) if (a.tp, a.pp, a.ep, a.etp) != (None, None, None, None) else None
+    layout = _layout(a) if any(getattr(a, f) is not None for f in LAYOUT_FLAGS) else None
     r = verify(a.hf_path, a.mcore_path, layout, nproc=a.nproc, progress=not a.json)
     if a.json:
         print(json.dumps(r))
@@ -74,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("hf2mcore", help="HF safetensors -> Megatron torch_dist (loads under any layout)")
     p.add_argument("--hf-path", required=True)
     p.add_argument("--out", required=True)
-    _layout_args(p)
+    Layout.add_args(p)
     p.add_argument("--nproc", type=int, default=None, help="processes (default: the layout's minimum)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp16", "fp32"])
     p.add_argument("--overwrite", action="store_true")
@@ -91,10 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="compare a torch_dist checkpoint with its HF source")
     p.add_argument("--hf-path", required=True)
     p.add_argument("--mcore-path", required=True)
-    p.add_argument("--tp", type=int, default=None)
-    p.add_argument("--pp", type=int, default=None)
-    p.add_argument("--ep", type=int, default=None)
-    p.add_argument("--etp", type=int, default=None)
+    Layout.add_args(p, unset=True)  # the layout the checkpoint was written under, unless given
     p.add_argument("--nproc", type=int, default=None)
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_verify)
@@ -104,8 +93,6 @@ def build_parser() -> argparse.ArgumentParser:
 @user_errors
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
-    if a.cmd == "verify" and any(v is not None for v in (a.tp, a.pp, a.ep)):
-        a.tp, a.pp, a.ep = a.tp or 1, a.pp or 1, a.ep or 1
     return a.fn(a)
 
 

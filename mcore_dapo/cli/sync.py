@@ -15,13 +15,13 @@ import threading
 import time
 from pathlib import Path
 
+from mcore_dapo.bridge.layout import Layout
+
 
 def add_commands(sub) -> None:
     p = sub.add_parser("sync-bench", help="benchmark the bucketed weight sync (Megatron -> HF tensors) of a checkpoint")
     p.add_argument("--hf-path", required=True, help="HF Qwen3(-MoE) checkpoint folder")
-    for g in ("tp", "pp", "ep"):
-        p.add_argument(f"--{g}", type=int, default=1)
-    p.add_argument("--etp", type=int, default=None, help="expert tensor parallel size (default: TP)")
+    Layout.add_args(p)
     p.add_argument("--bucket-mb", type=float, default=1024.0, help="bucket size in MiB (default 1024)")
     p.add_argument("--nproc", type=int, default=None, help="processes (default: the layout's minimum world size)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default=None,
@@ -44,7 +44,7 @@ def _validated(a):
     from mcore_dapo.errors import UserError, accepted
 
     cfg = load_hf_config(a.hf_path)
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp).validate(cfg)
+    layout = Layout.from_args(a).validate(cfg)
     nproc = a.nproc or layout.min_world_size()
     layout.validate(world_size=nproc)
     if not a.bucket_mb > 0:
@@ -66,13 +66,11 @@ def _validated(a):
 
 def _args(a, layout, status: Path) -> list[str]:
     if a.rollout == "vllm":
-        args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
-                "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
-                "--device", a.device, "--status-file", str(status)]
+        args = ["--hf-path", str(a.hf_path), *layout.to_argv(), "--bucket-mb", str(a.bucket_mb), "--repeat",
+                str(a.repeat), "--device", a.device, "--status-file", str(status)]
         return args + (["--dtype", a.dtype] if a.dtype else [])
-    args = ["--hf-path", str(a.hf_path), "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep),
-            "--etp", str(layout.expert_tp), "--bucket-mb", str(a.bucket_mb), "--repeat", str(a.repeat),
-            "--output-ring", str(a.output_ring), "--device", a.device, "--status-file", str(status)]
+    args = ["--hf-path", str(a.hf_path), *layout.to_argv(), "--bucket-mb", str(a.bucket_mb), "--repeat",
+            str(a.repeat), "--output-ring", str(a.output_ring), "--device", a.device, "--status-file", str(status)]
     return args + (["--dtype", a.dtype] if a.dtype else [])
 
 

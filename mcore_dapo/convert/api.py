@@ -51,10 +51,7 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
     summary = check_hf_checkpoint(hf_path, bridge)
     n = _nproc(layout, nproc)
     with output.staged(out, overwrite) as partial:
-        args = ["--hf-path", str(hf_path), "--partial", str(partial), "--tp", str(layout.tp), "--pp",
-                str(layout.pp), "--ep", str(layout.ep), "--dtype", dtype]
-        if layout.etp is not None:
-            args += ["--etp", str(layout.etp)]
+        args = ["--hf-path", str(hf_path), "--partial", str(partial), *layout.to_argv(), "--dtype", dtype]
         r = _workers("hf2mcore", args, n, progress)
         copy_hf_side_files(hf_path, partial / output.HF_CONFIG_DIR)
         manifest = {

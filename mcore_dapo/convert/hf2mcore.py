@@ -30,10 +30,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.convert.hf2mcore")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--partial", required=True, help="the hidden folder to write into")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=1)
-    ap.add_argument("--etp", type=int, default=None)
+    Layout.add_args(ap)
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--out", default=None, help="JSON result file (rank 0)")
@@ -59,7 +56,7 @@ def run(a) -> dict:
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout)
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()

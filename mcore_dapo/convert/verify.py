@@ -71,9 +71,7 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
                         "--batch", str(batch), "--seq", str(seq), "--dtype", TORCH_DTYPE[dtype]],
                        check=True, capture_output=True, text=True)
         args = ["--hf-path", str(hf_path), "--reference", str(ref), "--mcore-path", str(mcore_path),
-                "--tp", str(layout.tp), "--pp", str(layout.pp), "--ep", str(layout.ep), "--dtype", dtype]
-        if layout.etp is not None:
-            args += ["--etp", str(layout.etp)]
+                *layout.to_argv(), "--dtype", dtype]
         try:
             r = torchrun("mcore_dapo.harness.logits", args, n, timeout=None)
         except LaunchError as e:

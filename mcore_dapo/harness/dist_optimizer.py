@@ -26,9 +26,7 @@ from mcore_dapo.bridge import Bridge, Layout
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.dist_optimizer")
     ap.add_argument("--hf-path", required=True)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=1)
+    Layout.add_args(ap, ("tp", "pp", "ep"))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -207,7 +205,7 @@ def run(a) -> dict:
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()

@@ -47,8 +47,9 @@ def parse_args(argv=None):
     ap.add_argument("--reference", default=None, help="HF logits to compare with (harness.tiny reference)")
     ap.add_argument("--save", default=None, help="folder to save the model's torch_dist checkpoint into")
     ap.add_argument("--per-layer", action="store_true", help="moe_layer_freq as a per-layer list")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=1)
+    from mcore_dapo.bridge.layout import Layout
+
+    Layout.add_args(ap, ("tp", "ep"))
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
 
@@ -113,7 +114,7 @@ def run(a) -> dict:
     from mcore_dapo.io.dist_ckpt import checkpoint_keys, key_layout
     from mcore_dapo.runtime.parallel import init_parallel
 
-    layout = Layout(tp=a.tp, ep=a.ep)
+    layout = Layout.from_args(a)
     init_parallel(layout, "cpu")
     model, tf = stock_model(a.hf_path, a.per_layer)
     result = {"layout": layout.describe(), "moe_layer_freq": tf.moe_layer_freq,

@@ -16,17 +16,14 @@ import sys
 import time
 
 from mcore_dapo.bridge import Bridge, Layout
+from mcore_dapo.bridge.layout import LAYOUT_FLAGS
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.logits")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--reference", required=True)
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=1)
-    ap.add_argument("--etp", type=int, default=None)
-    ap.add_argument("--vpp", type=int, default=None)
+    Layout.add_args(ap, (*LAYOUT_FLAGS, "vpp"))
     ap.add_argument("--first", type=int, default=None, help="layers in the first pipeline stage (uneven stages)")
     ap.add_argument("--last", type=int, default=None, help="layers in the last pipeline stage (uneven stages)")
     ap.add_argument("--dispatcher", default="alltoall")
@@ -60,7 +57,7 @@ def run(a) -> dict:
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp, vpp=a.vpp)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()

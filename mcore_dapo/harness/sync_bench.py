@@ -27,9 +27,9 @@ def bench_parser(prog: str) -> argparse.ArgumentParser:
     """The arguments both sync benches take (this one and :mod:`mcore_dapo.harness.vllm_bench`)."""
     ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--hf-path", required=True)
-    for g in ("tp", "pp", "ep"):
-        ap.add_argument(f"--{g}", type=int, default=1)
-    ap.add_argument("--etp", type=int, default=None)
+    from mcore_dapo.bridge.layout import Layout
+
+    Layout.add_args(ap)
     ap.add_argument("--bucket-mb", type=float, default=1024.0)
     ap.add_argument("--dtype", choices=sorted(TORCH), default=None,
                     help="model and export dtype (default: the checkpoint's)")
@@ -129,7 +129,7 @@ def _build(a):
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()

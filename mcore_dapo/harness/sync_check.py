@@ -24,10 +24,9 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.sync_check")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--reference", required=True)
-    for g in ("tp", "pp", "ep"):
-        ap.add_argument(f"--{g}", type=int, default=1)
-    ap.add_argument("--etp", type=int, default=None)
-    ap.add_argument("--vpp", type=int, default=None)
+    from mcore_dapo.bridge.layout import LAYOUT_FLAGS, Layout
+
+    Layout.add_args(ap, (*LAYOUT_FLAGS, "vpp"))
     ap.add_argument("--vocab-divisible-by", type=int, default=None)
     ap.add_argument("--small-bucket-kb", type=int, default=48)
     ap.add_argument("--train", action="store_true", help="optimizer step, then a second sync")
@@ -158,7 +157,7 @@ def run(a) -> dict:
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp, vpp=a.vpp)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()

@@ -130,7 +130,12 @@ def run(a) -> dict:
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
-    layout = Layout(ep=a.ep)
+    layout = Layout.from_args(a)
+    if (layout.tp, layout.pp) != (1, 1):
+        from mcore_dapo.errors import UserError
+
+        raise UserError(f"{layout.describe()} is not accepted by verl_dapo: accepted are layouts with EP alone "
+                        "(TP1 PP1); verl_engine takes TP and PP")
     bridge = Bridge.from_hf(a.hf_path, layout)
     adapter = init_parallel(layout, "cpu")
     info = parallel_info()
@@ -220,7 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("what", nargs="?", choices=["update", "reference"], default="update")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--ep", type=int, default=2)
+    from mcore_dapo.bridge.layout import Layout
+
+    Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)  # EP alone: the update is compared at TP1 PP1
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     if a.what == "reference":

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from mcore_dapo.bridge.layout import Layout
 from mcore_dapo.harness.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
 
 MICRO = 2
@@ -43,10 +44,7 @@ def overrides(hf_path: str, ep: int, tp: int = 1, pp: int = 1, *, world: int = 2
         f"{a}.strategy=megatron",
         f"actor_rollout_ref.model.path={hf_path}",
         f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
-        f"{a}.megatron.tensor_model_parallel_size={tp}",
-        f"{a}.megatron.pipeline_model_parallel_size={pp}",
-        f"{a}.megatron.expert_model_parallel_size={ep}",
-        f"{a}.megatron.expert_tensor_parallel_size=1",
+        *Layout(tp=tp, pp=pp, ep=ep, etp=1).hydra_overrides(f"{a}.megatron"),
         f"{a}.megatron.use_distributed_optimizer={dist_optimizer}",
         f"{a}.megatron.param_offload={offload}",
         f"{a}.megatron.optimizer_offload={offload}",
@@ -504,15 +502,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.verl_engine")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--ep", type=int, default=2)
+    Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)  # --pp: pipeline stages (--replay)
     ap.add_argument("--seed", type=int, default=7, help="seed of the batch (tokens, lengths of the responses)")
     ap.add_argument("--device", default="cpu", help="verl's trainer.device")
     ap.add_argument("--remove-padding", action="store_true", help="packed sequences (THD)")
     ap.add_argument("--replay", action="store_true", help="router replay R2 then R3 (replay_run)")
     ap.add_argument("--offload", action="store_true",
                     help="verl's param/grad/optimizer offload against the same update without it (offload_run)")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--pp", type=int, default=1, help="pipeline stages (--replay)")
     ap.add_argument("--dispatcher", default="alltoall", choices=["alltoall", "allgather"])
     ap.add_argument("--perturb", type=float, default=0.05, help="noise added to the router weights (R2)")
     ap.add_argument("--out", default=None)

@@ -72,7 +72,7 @@ def run(a) -> dict:
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
-    layout = Layout(tp=a.tp, pp=a.pp, ep=a.ep, etp=a.etp)
+    layout = Layout.from_args(a)
     bridge = Bridge.from_hf(a.hf_path, layout)
     adapter_dev = init_parallel(layout, a.device)
     info = parallel_info()

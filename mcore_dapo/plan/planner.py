@@ -97,8 +97,7 @@ def stage_overrides(pl: PlanLayout) -> dict:
 
 def layout_overrides(pl: PlanLayout) -> list[str]:
     """Hydra overrides of verl's Megatron actor and reference for a layout alone."""
-    sizes = {k: "null" if v is None else v for k, v in pl.layout.megatron_sizes().items()}
-    out = [f"actor_rollout_ref.{role}.megatron.{k}={v}" for role in ("actor", "ref") for k, v in sizes.items()]
+    out = [x for role in ("actor", "ref") for x in pl.layout.hydra_overrides(f"actor_rollout_ref.{role}.megatron")]
     # uneven stages: set on the actor only; verl's reference inherits the actor's transformer overrides
     tc = "+actor_rollout_ref.actor.megatron.override_transformer_config"
     return out + [f"{tc}.{k}={v}" for k, v in stage_overrides(pl).items()]
