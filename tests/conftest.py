@@ -123,3 +123,15 @@ def tiny_dense_ref(tiny_dense, tmp_path_factory) -> Path:
 def reference_config() -> Path:
     """The Hugging Face config.json of Qwen3-30B-A3B (shipped in configs/models)."""
     return REPO / "configs" / "models" / "qwen3-30b-a3b" / "config.json"
+
+
+@pytest.fixture(scope="session")
+def dapo_trainer_run(tmp_path_factory):
+    """verl's trainer with the launch scripts' settings, 4 steps (:func:`mcore_dapo.harness.resume.trainer_run`):
+    what tests/test_verl_trainer.py checks, and the uninterrupted run tests/test_resume.py resumes against (one
+    run for both). ``(tiny_dapo.run's result, its workdir)``."""
+    from mcore_dapo.harness.resume import trainer_run
+    from mcore_dapo.harness.tiny_dapo import run
+
+    work = tmp_path_factory.mktemp("tiny-dapo")
+    return run(work, timeout=1200, **trainer_run()), work

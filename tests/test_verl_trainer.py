@@ -26,14 +26,12 @@ STEPS = 4  # validation and checkpoints at steps 2 and 4 (test_freq = save_freq 
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    from mcore_dapo import megatron_compat
-    from mcore_dapo.harness.tiny_dapo import read_metrics, run
+def tiny_run(dapo_trainer_run):
+    from mcore_dapo.harness.tiny_dapo import read_metrics
 
-    work = tmp_path_factory.mktemp("tiny-dapo")
-    # R3 where Megatron has routing replay (0.16 on); the same run without replay options on the 0.12.1 line
-    replay = "R3" if megatron_compat.supports_routing_replay() else None
-    result = run(work, STEPS, timeout=1200, audit=True, router_replay=replay)
+    # tests/conftest.py's run (mcore_dapo.harness.resume.trainer_run: STEPS steps, the H100 script's layout class,
+    # the audit, R3 where Megatron has routing replay): also tests/test_resume.py's uninterrupted baseline
+    result, work = dapo_trainer_run
     log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
     assert result["returncode"] == 0, result["error"] or log_tail
     return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail, result["audit"], work

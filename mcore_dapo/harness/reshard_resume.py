@@ -50,6 +50,18 @@ def start(a, tp: int, pp: int, ep: int, extra: tuple[str, ...] = ()):
     return worker, worker.actor.engine, {s: (b, rollout_batch(b)) for s, b in batches.items()}
 
 
+def engine_logp(worker, engine, batch, data) -> torch.Tensor:
+    """verl's compute_log_prob on ``batch``: the response tokens' log-probs, ``[batch, response]``."""
+    from verl.utils import tensordict_utils as tu
+
+    from mcore_dapo.harness.verl_engine import _gather_logp, dispatch, engine_batch
+
+    td = engine_batch(data)
+    tu.assign_non_tensor(td, calculate_entropy=False, calculate_sum_pi_squared=False, compute_loss=False)
+    mine = dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank())
+    return _gather_logp(engine, worker.compute_log_prob(mine), mine, len(data)) * batch["response_mask"]
+
+
 def update(worker, engine, batch, data) -> dict:
     """verl's compute_log_prob then update_actor on ``batch`` (:func:`verl_engine._old_policy`'s old policy)."""
     from verl.utils import tensordict_utils as tu
@@ -187,6 +199,7 @@ def save_run(a) -> dict:
     save_s = time.perf_counter() - t
     write_tracker(work, 1)
     at_save = export(engine)
+    logp = engine_logp(worker, engine, *batches[BATCH_B])  # the engine's log-probs at the save
     from mcore_dapo.verl_plugin.audit import held_state
 
     held = held_state(engine)
@@ -194,7 +207,8 @@ def save_run(a) -> dict:
     want = export(engine)
     rank = dist.get_rank()
     if rank == 0:
-        torch.save({"update": second, "weights": want, "at_save": at_save}, work / "uninterrupted.pt")
+        torch.save({"update": second, "weights": want, "at_save": at_save, "engine_logp": logp,
+                    "batch": batches[BATCH_B][0]}, work / "uninterrupted.pt")
     out = {"layout": engine.mapping.layout.describe(), "first": first, "uninterrupted": second,
            "save_seconds": round(save_s, 2)}
     # the same layout: everything loaded, then the weights and RNG alone (a fresh optimizer: the control)
@@ -226,6 +240,48 @@ def resume_run(a) -> dict:
     return {"layout": engine.mapping.layout.describe(), "update": r, "uninterrupted": ref["update"],
             "loaded_vs_saved": against(loaded, ref["at_save"]), "weights": against(got, ref["weights"], ref["at_save"]),
             "load_seconds": round(load_s, 2)}
+
+
+def bench_run(a) -> dict:
+    """Seconds and bytes of one checkpoint save and load of a trained engine (``tools/bench_checkpoint.py``):
+    one update (the optimizer's state exists), ``save_checkpoint`` timed, its folder's bytes by part, then
+    ``load_checkpoint`` of it into the same engine timed; peak memory of each rank."""
+    import shutil
+
+    import torch.distributed as dist
+
+    from mcore_dapo.runtime.launch import peak_rss_mb
+
+    work = Path(a.work)
+    worker, engine, batches = start(a, a.tp, a.pp, a.ep)
+    update(worker, engine, *batches[BATCH_A])
+    params = sum(p.numel() for c in engine.module for p in c.parameters())
+    folder = work / "global_step_1" / "actor"
+    dist.barrier()
+    t = time.perf_counter()
+    engine.save_checkpoint(str(folder), global_step=1)
+    dist.barrier()
+    save_s = time.perf_counter() - t
+    parts = {}
+    if dist.get_rank() == 0:
+        for f in folder.rglob("*"):
+            if f.is_file():
+                part = f.relative_to(folder).parts[0]
+                parts[part] = parts.get(part, 0) + f.stat().st_size
+    t = time.perf_counter()
+    engine.load_checkpoint(str(folder), del_local_after_load=False)
+    dist.barrier()
+    load_s = time.perf_counter() - t
+    rss = [None] * dist.get_world_size()
+    dist.all_gather_object(rss, peak_rss_mb())
+    counts = [None] * dist.get_world_size()
+    dist.all_gather_object(counts, params)
+    if dist.get_rank() == 0:
+        shutil.rmtree(work / "global_step_1", ignore_errors=True)
+        return {"layout": engine.mapping.layout.describe(), "save_seconds": round(save_s, 2),
+                "load_seconds": round(load_s, 2), "bytes": parts, "total_bytes": sum(parts.values()),
+                "rank_params": counts, "peak_rss_mb": [round(r) for r in rss]}
+    return None
 
 
 def bad_run(a) -> dict:
@@ -267,8 +323,9 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
 
 
 def main(argv=None) -> int:
+
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
-    ap.add_argument("mode", choices=["save", "resume", "bad"])
+    ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
@@ -286,7 +343,7 @@ def main(argv=None) -> int:
 
     from mcore_dapo.runtime.launch import finish_worker
 
-    run = {"save": save_run, "resume": resume_run, "bad": bad_run}[a.mode]
+    run = {"save": save_run, "resume": resume_run, "bad": bad_run, "bench": bench_run}[a.mode]
     if not a.kill_in_save:
         return finish_worker(run(a), a.out)
     result, engine = run(a), _ENGINE[0]

@@ -2,7 +2,7 @@
 
 ``python -m mcore_dapo.harness.resume --workdir W [--baseline B]``
 
-The runs are :func:`mcore_dapo.harness.tiny_dapo.run` with :data:`TRAINER_RUN`'s settings (the launch scripts'
+The runs are :func:`mcore_dapo.harness.tiny_dapo.run` with :func:`trainer_run`'s settings (the launch scripts'
 ``configs/dapo/common.sh``: checkpoints every 2 steps, ``resume_mode=auto``, the LR scheduler restored from the
 checkpoint, with the audit): the baseline (4 steps, ``B``, the run ``tests/test_verl_trainer.py`` checks too),
 a run whose every process gets SIGKILL once step 3's update has begun (the audit's ``step-0002`` folder
@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 STEPS, KILL_STEP, SAVE_FREQ = 4, 3, 2
+LAYOUT = "h100"  # the H100 script's layout class at tiny size (TP2 with sequence parallelism, EP2, ETP1)
 
 
 def trainer_run() -> dict:
@@ -40,7 +41,7 @@ def trainer_run() -> dict:
 
     # R3 where Megatron has routing replay (0.16 on); the same run without replay options on the 0.12.1 line
     replay = "R3" if megatron_compat.supports_routing_replay() else None
-    return {"steps": STEPS, "audit": True, "router_replay": replay}
+    return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT}
 
 
 def started(audit_dir: Path, step: int):
@@ -111,20 +112,30 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def step_vs_baseline(baseline: Path, resumed: Path, step: int, resumed_index: int) -> dict:
-    """One update of the resumed run (its ``resumed_index``-th) against the baseline's update ``step``."""
-    b, r = baseline / f"step-{step - 1:04d}", resumed / f"step-{resumed_index:04d}"
-    rb, rr = _ranks(b), _ranks(r)
-    out = {"step": step, "ranks": [len(rb), len(rr)],
-           "batch_equal": len(rb) == len(rr) and all(_same(x["batch"], y["batch"]) for x, y in zip(rb, rr)),
-           "lr": [rb[0]["lr"], rr[0]["lr"]], "loss": [rb[0]["loss"], rr[0]["loss"]],
-           "grad_norm": [rb[0]["grad_norm"], rr[0]["grad_norm"]],
-           "weights_before_differ": weights_differ(b / "hf", r / "hf"),
-           "weights_after_differ": weights_differ(b / "hf-after", r / "hf-after")}
-    # the prompts of the step (the dataloader's position), as the update saw them
-    out["prompts_equal"] = len(rb) == len(rr) and all(
-        _same(x["batch"]["input_ids"], y["batch"]["input_ids"]) for x, y in zip(rb, rr))
-    return out
+def _record(folder: Path) -> dict:
+    r = _ranks(folder)
+    return {"lr": r[0]["lr"], "loss": r[0]["loss"], "grad_norm": r[0]["grad_norm"]} if r else {}
+
+
+def checkpointed_steps(killed: Path) -> list[Path]:
+    """The killed run's audited updates up to its last checkpoint (step 3's update may have finished before the
+    signal landed; it was never checkpointed)."""
+    return [p for p in sorted(killed.glob("step-*"))[:SAVE_FREQ] if any(p.glob("rank*.pt"))]
+
+
+def chained_reference(killed: Path, resumed: Path, out: Path) -> list[dict]:
+    """The uninterrupted computation of the killed run's steps 1..2 and the resumed run's 3..4: every update
+    recomputed on the HF model in fp32 with Megatron's optimizer step chained over all four
+    (:func:`mcore_dapo.harness.audit_reference.reference`), so the resumed updates are held against an Adam whose
+    moments and step went on through the kill."""
+    from mcore_dapo.harness.audit_reference import reference
+
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    done = checkpointed_steps(killed)
+    for i, src in enumerate([*done, *sorted(resumed.glob("step-*"))]):
+        (out / f"step-{i:04d}").symlink_to(src.absolute(), target_is_directory=True)
+    return reference(out)
 
 
 def restored_vs_held(killed: Path, resumed: Path, step: int) -> dict:
@@ -147,13 +158,30 @@ def restored_vs_held(killed: Path, resumed: Path, step: int) -> dict:
     return out
 
 
-def compare(baseline_audit: Path, killed_audit: Path, resumed_audit: Path) -> dict:
+def compare(baseline_audit: Path, killed_audit: Path, resumed_audit: Path, checkpoints: Path | None = None,
+            baseline_checkpoints: Path | None = None) -> dict:
     baseline_audit, killed_audit, resumed_audit = Path(baseline_audit), Path(killed_audit), Path(resumed_audit)
-    resumed_steps = sorted(p.name for p in resumed_audit.glob("step-*"))
-    return {"resumed_updates": len(resumed_steps),
-            "steps": [step_vs_baseline(baseline_audit, resumed_audit, s, i)
-                      for i, s in enumerate(range(KILL_STEP, STEPS + 1)) if i < len(resumed_steps)],
-            "restored": restored_vs_held(killed_audit, resumed_audit, SAVE_FREQ)}
+    resumed_steps = sorted(p for p in resumed_audit.glob("step-*"))
+    killed_steps = checkpointed_steps(killed_audit)
+    out = {"resumed_updates": len(resumed_steps), "killed_updates": len(killed_steps),
+           "restored": restored_vs_held(killed_audit, resumed_audit, SAVE_FREQ),
+           "baseline": [_record(baseline_audit / f"step-{s - 1:04d}") for s in range(1, STEPS + 1)],
+           "killed": [_record(p) for p in killed_steps], "resumed": [_record(p) for p in resumed_steps]}
+    if resumed_steps and killed_steps:
+        # the resumed run's first update starts from the weights the killed run's last completed update left
+        out["first_weights_vs_checkpointed"] = weights_differ(killed_steps[-1] / "hf-after", resumed_steps[0] / "hf")
+        out["chained_reference"] = chained_reference(killed_audit, resumed_audit, resumed_audit.parent / "chained")
+    if checkpoints is not None:
+        def yielded(root: Path, step: int):
+            p = Path(root) / f"global_step_{step}" / "data.pt"
+            return torch.load(p, weights_only=False)["_num_yielded"] if p.is_file() else None
+
+        out["dataloader_yielded"] = {"killed_step2": yielded(checkpoints, SAVE_FREQ),
+                                     "resumed_step4": yielded(checkpoints, STEPS)}
+        if baseline_checkpoints is not None:
+            out["dataloader_yielded"].update(baseline_step2=yielded(baseline_checkpoints, SAVE_FREQ),
+                                             baseline_step4=yielded(baseline_checkpoints, STEPS))
+    return out
 
 
 def main(argv=None) -> int:
@@ -173,7 +201,8 @@ def main(argv=None) -> int:
             return 1
     out = kill_and_resume(work / "resume", a.timeout)
     out["resumed"].pop("audit", None)
-    out["compare"] = compare(base / "audit", Path(out["killed_audit"]), Path(out["resumed_audit"]))
+    out["compare"] = compare(base / "audit", Path(out["killed_audit"]), Path(out["resumed_audit"]),
+                             Path(out["checkpoints"]), base / "checkpoints")
     print(json.dumps(out, default=str))
     return 0
 

@@ -215,13 +215,9 @@ def script_layout(device: str) -> list[str]:
 
 
 def layout_overrides(ep: int = 2) -> list[str]:
-    out = []
-    for role in ("actor", "ref"):
-        out += [f"actor_rollout_ref.{role}.megatron.tensor_model_parallel_size=1",
-                f"actor_rollout_ref.{role}.megatron.pipeline_model_parallel_size=1",
-                f"actor_rollout_ref.{role}.megatron.expert_model_parallel_size={ep}",
-                f"actor_rollout_ref.{role}.megatron.expert_tensor_parallel_size=1"]
-    return out
+    from mcore_dapo.bridge.layout import Layout
+
+    return [x for role in ("actor", "ref") for x in Layout(ep=ep, etp=1).hydra_overrides(f"actor_rollout_ref.{role}.megatron")]
 
 
 def layout_args(layout: str) -> list[str]:

@@ -34,6 +34,7 @@ from pathlib import Path
 from mcore_dapo.errors import UserError
 
 RESUME_FILE = "mcore_dapo_resume.json"
+RNG_KEY = "rng_state_per_rank"
 FORMAT = "mcore-dapo/verl-checkpoint/1"
 # megatron-core's DistributedOptimizer.sharded_state_dict (megatron/core/optimizer/distrib_optimizer.py): in
 # 0.16.1 'dp_reshardable' (verl's choice on megatron-core >= 0.14) reshards "only in DP dimension";
@@ -215,7 +216,8 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
 
 
 def rng_layout(d: dict) -> tuple:
-    return d.get("pp"), d.get("tp")
+    """What RNG states per rank (this manager's) or per (PP, TP) rank (verl's) need to load as saved."""
+    return tuple(d.get(k) for k in ("tp", "pp", "ep", "etp", "cp", "vpp", "world_size"))
 
 
 def _layout(d: dict) -> str:
@@ -247,6 +249,19 @@ def manager_class(base):
 
     class CheckpointManager(base):
         _mcore_dapo = True
+        _mcore_rng_per_rank = True  # how this manager saves (and, unless a load says otherwise, loads) RNG states
+
+        def get_rng_state(self, use_dist_ckpt: bool = True, data_parallel_random_init: bool = False):
+            if not use_dist_ckpt or self.use_megatron_fsdp or not self._mcore_rng_per_rank:
+                return super().get_rng_state(use_dist_ckpt, data_parallel_random_init)
+            # verl's is one ShardedObject per (PP, TP) rank with the data-parallel rank as replica: the other
+            # data-parallel ranks load rank (pp, tp, dp 0)'s, and under EP their expert-parallel tracker state
+            # (seeded per EP rank by model_parallel_cuda_manual_seed) is not theirs. One object per rank instead.
+            import torch.distributed as dist
+            from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+            states = super().get_rng_state(use_dist_ckpt=False, data_parallel_random_init=data_parallel_random_init)
+            return ShardedObject(RNG_KEY, states, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)
 
         def _build_sharded_state_dict_metadata(self):
             metadata = super()._build_sharded_state_dict_metadata()
@@ -271,9 +286,12 @@ def manager_class(base):
             here = engine_record(engine)
             record = check(local_path, here, load_optimizer=self.should_load_optimizer)
             contents = list(self.checkpoint_load_contents)
-            if record is not None and "extra" in contents and rng_layout(record["layout"]) != rng_layout(here["layout"]):
-                # verl saves the RNG states as one ShardedObject per (PP, TP) rank (get_rng_state), which another
-                # PP x TP cannot load; the new layout keeps its own seeds (Qwen3 trains without dropout)
+            # RNG states as written: per rank by this manager (its record says so), per (PP, TP) rank by verl's
+            self._mcore_rng_per_rank = bool(record and record.get("rng") == "per_rank")
+            if record is not None and "extra" in contents and (
+                    rng_layout(record["layout"]) != rng_layout(here["layout"])):
+                # RNG states per rank (verl's: per (PP, TP) rank) are another layout's: the new layout keeps its own
+                # seeds (Megatron's model_parallel_cuda_manual_seed per TP/EP rank; Qwen3 trains without dropout)
                 import logging
 
                 logging.getLogger(__name__).warning(
@@ -284,6 +302,7 @@ def manager_class(base):
                 out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
             finally:
                 self.checkpoint_load_contents = contents
+                self._mcore_rng_per_rank = True
             from mcore_dapo.verl_plugin import audit
 
             if audit.enabled():
@@ -317,7 +336,7 @@ def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_
         audit.checkpoint_state(engine, "save", global_step)
     dist.barrier()
     if rank == 0:
-        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine),
+        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine), "rng": "per_rank",
                   "written_by": {"mcore_dapo": _version(), **{k: versions.installed(k) for k in versions.SUPPORTED}},
                   "files": file_sizes(partial)}
         tmp = partial / (RESUME_FILE + ".tmp")

@@ -1,0 +1,357 @@
+"""Resume: a killed run continues where it stopped, exactly, also on another layout.
+
+* Through verl's trainer with the launch scripts' settings (:mod:`mcore_dapo.harness.resume`): the
+  uninterrupted 4-step run is the one ``tests/test_verl_trainer.py`` checks (the session fixture
+  ``dapo_trainer_run``); a second run with the same command gets SIGKILL on every process once step 3's update
+  has begun, and the same command again resumes with ``resume_mode=auto``. Its steps 3 and 4 are held against the
+  uninterrupted computation through the audit (weights, learning rate, loss, grad norm, the optimizer step chained
+  across the kill), and what its engine held after loading against what the killed run's held when it saved.
+* At engine level (:mod:`mcore_dapo.harness.reshard_resume`, verl's worker calls under torchrun): a checkpoint
+  saved under EP2 resumes under EP2, TP2·EP2 (ETP1) and PP2·EP2, optimizer state included; each launch ends
+  with a save of the next step killed at one point (after the optimizer's files, while the model's HF shards
+  are written, after the save but before the trainer's tracker), and what ``resume_mode=auto`` then takes is
+  checked.
+* Bad input: another model, a layout the optimizer state cannot take, a truncated file, a damaged tracker:
+  one line each, naming what differs and the previous complete checkpoint.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.cpu_only, pytest.mark.timeout(1500)]
+
+pytest.importorskip("verl")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the trainer, killed during step 3 and resumed
+
+
+@pytest.fixture(scope="module")
+def resumed(dapo_trainer_run, tmp_path_factory):
+    pytest.importorskip("transfer_queue")
+    from mcore_dapo.harness.resume import compare, kill_and_resume
+
+    baseline, base_work = dapo_trainer_run
+    assert baseline["returncode"] == 0, baseline["error"]
+    out = kill_and_resume(tmp_path_factory.mktemp("resume"), timeout=1200)
+    resumed = out["resumed"]
+    tail = "\n".join(Path(resumed["train_log"]).read_text(errors="replace").splitlines()[-40:])
+    assert resumed["returncode"] == 0, resumed["error"] or tail
+    out["compare"] = compare(Path(base_work) / "audit", Path(out["killed_audit"]), Path(out["resumed_audit"]),
+                             Path(out["checkpoints"]), Path(base_work) / "checkpoints")
+    out["baseline_work"] = Path(base_work)
+    return out
+
+
+def test_the_killed_run_stopped_during_step_3_with_checkpoint_2_complete(resumed):
+    killed = resumed["killed"]
+    assert killed["returncode"] == -9  # SIGKILL to every process of the trainer's session
+    # steps 1 and 2 finished; step 3's update had begun (it may have ended before the signal landed: never
+    # checkpointed, never logged)
+    assert killed["steps_logged"] == 2
+    assert killed["tracker"] == "2" and killed["step_folders"] == ["global_step_2"]
+
+
+def test_the_resumed_run_starts_at_step_3(resumed):
+    from mcore_dapo.harness.tiny_dapo import read_metrics
+
+    steps = [r["data"]["training/global_step"] for r in read_metrics(Path(resumed["resumed"]["metrics_log"]))]
+    assert steps == [3, 4]
+    assert resumed["compare"]["resumed_updates"] == 2
+
+
+# Which groups a step trains on is not deterministic between two runs of the same command: verl's dynamic sampling
+# keeps the groups that complete first, and the order in which concurrent requests complete on the two rollout
+# replicas varies (two fresh runs of this command kept different groups at step 1, measured). The training given a
+# batch is deterministic. So the resumed steps are held bit for bit where the kill could change something (the
+# weights and optimizer state they start from, the learning rate, the dataloader's position), and their updates
+# against the uninterrupted computation: each of the killed run's steps 1 and 2 and the resumed run's steps 3 and 4
+# recomputed on the HF model in fp32, with Megatron's optimizer step chained across the kill
+# (harness/resume.chained_reference), under tests/test_verl_trainer.py's tolerances (argued there):
+LOSS_ABS, GRAD_NORM_REL, GRAD_NORM_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 1e-2, 5e-3, 0.1, 4e-3
+
+
+def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed):
+    from mcore_dapo.harness.resume import KILL_STEP
+
+    c = resumed["compare"]
+    # the first resumed update starts from the weights the killed run checkpointed, bit for bit
+    assert c["first_weights_vs_checkpointed"] == []
+    # the learning rate each update applied: the uninterrupted run's at the same step (the scheduler restored:
+    # a restarted warm-up would apply 0 at step 3)
+    lrs = [r["lr"] for r in c["killed"]] + [r["lr"] for r in c["resumed"]]
+    assert lrs == [r["lr"] for r in c["baseline"]] == [0.0] + [pytest.approx(1e-3)] * 3
+    chained = c["chained_reference"]
+    assert len(chained) == 4
+    lr_sum, updates = 0.0, 0
+    for step, a in enumerate(chained, start=1):
+        lr_sum += a["lr"]
+        updates += a["lr"] > 0
+        assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), (step, a)
+        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= (
+            GRAD_NORM_REL * a["reference_grad_norm"] + GRAD_NORM_ABS), (step, a)
+        assert a["weights_beyond_one_step"] <= BEYOND_PER_UPDATE * updates, (step, a)
+        assert a["weights_max_abs_diff"] < 2.5 * lr_sum + HALF_SPACING, (step, a)
+    # the control: the resumed run's first update against a reference whose Adam starts there (fresh moments and
+    # step, as a resume without the optimizer state would run) is far further off than against the chained one
+    own = resumed["resumed"]["audit"][0]
+    assert own["weights_beyond_one_step"] > 3 * chained[KILL_STEP - 1]["weights_beyond_one_step"], (own, chained)
+    # the dataloader went on from the checkpoint's position: it had yielded the killed run's prompts (steps 1 and 2,
+    # dynamic sampling's refills included) and then at least a batch per resumed step (a loader restarted from the
+    # beginning would count the resumed run's own prompts only)
+    y = c["dataloader_yielded"]
+    assert y["killed_step2"] >= 2 * 4 and y["resumed_step4"] >= y["killed_step2"] + 2 * 4, y
+
+
+def test_what_the_checkpoint_held_is_what_the_resumed_run_loaded(resumed):
+    # model, each optimizer parameter (the distributed optimizer's fp32 main shards) with Adam's moments and step,
+    # the LR scheduler, the RNG states (one per rank: under EP each rank's expert-parallel tracker state is its
+    # own): per rank, the resumed engine after its load against the killed engine right after its save of step 2
+    r = resumed["compare"]["restored"]
+    assert r["ranks"][0] == r["ranks"][1] > 0
+    assert r["differ"] == {"model": [], "optimizer": [], "lr_scheduler": [], "rng": [], "lr": []}, r
+    assert {"exp_avg", "exp_avg_sq", "step", "param"} <= set(r["optimizer_state_keys"]), r
+    assert r["main_param_dtypes"] == ["torch.float32"] and r["moments_nonzero"], r
+    assert r["lr_scheduler"]["num_steps"] == 2, r  # two updates scheduled: warm-up over
+
+
+def test_the_final_checkpoint_holds_the_last_updates_weights(resumed):
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.harness.resume import weights_differ
+
+    final = Path(resumed["checkpoints"]) / "global_step_4" / "actor" / "model" / "huggingface"
+    last = Path(resumed["resumed_audit"]) / "step-0001" / "hf-after"
+    assert weights_differ(final, last) == []
+    AutoModelForCausalLM.from_pretrained(final)  # config.json and the tokenizer beside the weights
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# engine level: another layout, and kills during a save
+
+# what the next update may differ by under another layout: the weights after it, share of elements more than one
+# bf16 step from the uninterrupted run's. TP2 splits the attention and dense matmuls and reduces bf16 partial
+# results in another order, so gradients differ by bf16 rounding, and Adam's first steps move an element by ~lr
+# whatever its gradient's size (a sign flip near zero lands 2 lr away): test_verl_engine.py's bf16 bound, 0.05;
+# measured 0.9 % (TP2), 0 (PP2: each stage computes what the EP2 rank computed). Without the optimizer state
+# (fresh Adam) 91 % of the elements land more than a step away: the bound tells a restored state from a lost one.
+BEYOND_ONE_STEP = 0.05
+# grad norm: the same bf16 rounding of the gradients, 1e-2 relative as test_verl_trainer.py's (measured 3e-4)
+LAYOUT_REL = 1e-2
+
+
+@pytest.fixture(scope="module")
+def reshard(tiny_moe, tmp_path_factory):
+    from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
+
+    from mcore_dapo.harness.reshard_resume import launch
+    from mcore_dapo.verl_plugin import checkpoint
+
+    work = tmp_path_factory.mktemp("reshard")
+    after = {}
+
+    def state(point):
+        step2 = work / "global_step_2" / "actor"
+        latest = find_latest_ckpt_path(str(work))
+        try:
+            checkpoint.check(step2, here_record(work))
+            refused = None
+        except Exception as e:  # noqa: BLE001 - the refusal's type is asserted by the test
+            refused = e
+        after[point] = {"latest": latest, "step2_problem": checkpoint.problem(step2), "step2_refused": refused,
+                        "step2_files": sorted(str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file())
+                        if step2.is_dir() else None,
+                        "partial": checkpoint.partial_path(step2).is_dir()}
+
+    out = {"save": launch("save", tiny_moe, work, ep=2, kill_in_save="optimizer", timeout=900)}
+    state("optimizer")
+    out["tp2"] = launch("resume", tiny_moe, work, tp=2, ep=2, kill_in_save="model", timeout=900)
+    state("model")
+    out["pp2"] = launch("resume", tiny_moe, work, pp=2, ep=2, nproc=4, kill_in_save="tracker", timeout=900)
+    state("tracker")
+    return out, after, work
+
+
+def here_record(work: Path) -> dict:
+    """The engine record of the checkpoint's own writer (global_step_1): a check that passes unless the folder
+    itself is incomplete or damaged."""
+    return {k: v for k, v in json.loads((work / "global_step_1" / "actor" / "mcore_dapo_resume.json").read_text())
+            .items() if k in ("model", "layout", "optimizer")}
+
+
+def test_resume_under_the_same_layout_is_exact(reshard):
+    save = reshard[0]["save"]
+    assert save["layout"] == "TP1 PP1 EP2 ETP1"
+    same = save["same_layout"]
+    assert same["loaded_vs_saved"]["differ"] == 0
+    # every piece restored: weights, fp32 main params, Adam moments and step, LR scheduler ("rng" aside: in
+    # this one process the engines built after the save drew from the global generators)
+    assert [p for p in same["restored_differ"] if p != "rng"] == []
+    assert same["update"]["loss"] == save["uninterrupted"]["loss"]
+    assert same["update"]["grad_norm"] == save["uninterrupted"]["grad_norm"]
+    assert same["update"]["scheduler_steps"] == save["uninterrupted"]["scheduler_steps"] == 2
+    assert same["weights"]["differ"] == 0 and same["weights"]["moved_by_update"] > 0.5
+    # the control: the same weights with a fresh optimizer land elsewhere
+    assert save["without_optimizer"]["weights"]["beyond_one_bf16_step"] > 0.5
+
+
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_an_ep2_checkpoint_resumes_under_another_layout(reshard, layout):
+    out = reshard[0][layout]
+    assert out["layout"] == {"tp2": "TP2 PP1 EP2 ETP1", "pp2": "TP1 PP2 EP2 ETP1"}[layout]
+    assert out["loaded_vs_saved"]["differ"] == 0  # the weights the checkpoint holds, bit for bit
+    want = out["uninterrupted"]
+    assert out["update"]["lr"] == want["lr"] and out["update"]["scheduler_steps"] == want["scheduler_steps"] == 2
+    assert out["update"]["loss"] == pytest.approx(want["loss"], rel=LAYOUT_REL)
+    assert out["update"]["grad_norm"] == pytest.approx(want["grad_norm"], rel=LAYOUT_REL)
+    assert out["weights"]["beyond_one_bf16_step"] < BEYOND_ONE_STEP, out["weights"]
+    assert out["weights"]["moved_by_update"] > 0.5
+
+
+@pytest.mark.parametrize("point", ["optimizer", "model"])
+def test_a_save_killed_half_way_is_not_taken(reshard, point):
+    from mcore_dapo.errors import UserError
+
+    after, work = reshard[1][point], reshard[2]
+    # verl's resume_mode=auto follows the tracker, which still names step 1, and step 1 is complete
+    assert after["latest"] == str(work / "global_step_1")
+    assert after["partial"] and after["step2_files"] is None  # what the killed save wrote stays in .actor.partial
+    # a resume from global_step_2 itself (resume_mode=resume_path) is refused in one line offering step 1
+    e = after["step2_refused"]
+    assert isinstance(e, UserError) and "\n" not in str(e)
+    assert "incomplete" in str(e) and f"previous complete checkpoint is {work / 'global_step_1'}" in str(e)
+
+
+def test_a_save_killed_before_the_tracker_leaves_both_checkpoints_whole(reshard):
+    from mcore_dapo.verl_plugin.checkpoint import RESUME_FILE
+
+    after, work = reshard[1]["tracker"], reshard[2]
+    assert after["latest"] == str(work / "global_step_1")  # the tracker was not written
+    assert after["step2_problem"] is None and not after["partial"]
+    # written again over the two killed saves' leftovers: exactly the files its record lists
+    record = json.loads((work / "global_step_2" / "actor" / RESUME_FILE).read_text())
+    assert sorted([*record["files"], RESUME_FILE]) == after["step2_files"]
+
+
+def test_the_checkpoints_hf_weights_load_in_transformers_and_are_the_engines(reshard):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.io.hf_reader import HFReader
+
+    work = reshard[2]
+    hf = work / "global_step_1" / "actor" / "model" / "huggingface"
+    model = AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)  # config.json beside the weights
+    at_save = torch.load(work / "uninterrupted.pt", weights_only=False)["at_save"]  # the engine's export
+    with HFReader(hf) as r:
+        assert sorted(r.keys()) == sorted(at_save)
+        assert all(torch.equal(r.get(n), t) for n, t in at_save.items())
+    assert model.config.num_hidden_layers == 4
+
+
+# the engine's log-probs (bf16 model, fp32 logits: Float16Module) against transformers' fp32 forward of the same
+# bf16 weights: bf16 rounds each layer's activations to 2^-8 relative, which through 4 layers and the final norm
+# moves a logit of size ~1 to ~5 by a few 1e-2 at most; LOGP_TOL = 0.1. Wrong weights (another tensor's, a
+# transposed or unfused expert) move the log-probs of this random model by whole units.
+LOGP_TOL = 0.1
+
+
+def test_the_checkpoints_hf_weights_give_the_engines_log_probs(reshard):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mcore_dapo.harness.verl_dapo import PROMPT
+
+    work = reshard[2]
+    saved = torch.load(work / "uninterrupted.pt", weights_only=False)
+    tokens, mask = saved["batch"]["tokens"], saved["batch"]["response_mask"].float()
+    model = AutoModelForCausalLM.from_pretrained(work / "global_step_1" / "actor" / "model" / "huggingface",
+                                                 dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(tokens).logits.float()
+    logp = torch.log_softmax(logits[:, PROMPT - 1:-1], -1).gather(-1, tokens[:, PROMPT:, None]).squeeze(-1) * mask
+    diff = float((logp - saved["engine_logp"]).abs().max())
+    assert diff < LOGP_TOL, diff
+    assert float(logp.abs().max()) > 10 * LOGP_TOL  # log-probs of whole units: the bound is not vacuous
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# bad input: one line, before anything is loaded
+
+
+def test_a_checkpoint_of_another_model_is_one_line(reshard):
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin.checkpoint import check
+
+    work = reshard[2]
+    here = here_record(work)
+    here["model"] = {**here["model"], "hidden_size": 96, "num_experts": 16}
+    with pytest.raises(UserError) as e:
+        check(work / "global_step_1" / "actor", here)
+    msg = str(e.value)
+    assert "\n" not in msg and "another model" in msg
+    assert "hidden_size 64 there, 96 here" in msg and "num_experts 8 there, 16 here" in msg
+
+
+def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin.checkpoint import check
+
+    work = reshard[2]
+    here = here_record(work)
+    here["layout"] = {**here["layout"], "ep": 1, "pp": 2}
+    with pytest.raises(UserError) as e:
+        check(work / "global_step_1" / "actor", here)
+    assert "\n" not in str(e.value) and "EP = 1" in str(e.value) and "TP1 PP1 EP2 ETP1" in str(e.value)
+    check(work / "global_step_1" / "actor", here, load_optimizer=False)  # the weights alone load anywhere
+    # a checkpoint in verl's dp_reshardable format under another layout
+    record_path = work / "global_step_1" / "actor" / "mcore_dapo_resume.json"
+    copy = work / "dp-format" / "global_step_1" / "actor"
+    shutil.copytree(work / "global_step_1" / "actor", copy)
+    rec = json.loads(record_path.read_text())
+    rec["optimizer"]["sharding_type"] = "dp_reshardable"
+    (copy / "mcore_dapo_resume.json").write_text(json.dumps(rec))
+    here = {**here_record(work), "layout": {**here_record(work)["layout"], "tp": 2}}
+    with pytest.raises(UserError) as e:
+        check(copy, here)
+    assert "dp_reshardable" in str(e.value) and "only under the layout that wrote it" in str(e.value)
+
+
+def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_checkpoint(reshard, tmp_path):
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin.checkpoint import check
+
+    work = reshard[2]
+    for step in (1, 3):
+        shutil.copytree(work / "global_step_1" / "actor", tmp_path / f"global_step_{step}" / "actor")
+    victim = sorted((tmp_path / "global_step_3" / "actor" / "optimizer" / "dist_ckpt").glob("*.distcp"))[0]
+    size = victim.stat().st_size
+    with open(victim, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(UserError) as e:
+        check(tmp_path / "global_step_3" / "actor", here_record(work))
+    msg = str(e.value)
+    assert "\n" not in msg and str(victim) in msg and f"{size // 2} bytes, {size} were written" in msg
+    assert f"previous complete checkpoint is {tmp_path / 'global_step_1'}" in msg
+
+
+def test_a_damaged_tracker_is_one_line_before_ray(reshard, tmp_path):
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.harness.verl_engine import overrides
+    from mcore_dapo.verl_plugin.checkpoint import check_resume
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    work = reshard[2]
+    shutil.copytree(work / "global_step_1", tmp_path / "global_step_1")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("")  # killed between open and write
+    hf = work / "global_step_1" / "actor" / "model" / "huggingface"
+    c = compose(rewrite(overrides(str(hf), 2) + [f"trainer.default_local_dir={tmp_path}", "trainer.resume_mode=auto"]))
+    with pytest.raises(UserError) as e:
+        check_resume(c)  # what main_dapo runs before Ray starts
+    assert "\n" not in str(e.value) and "latest_checkpointed_iteration.txt" in str(e.value)
+    assert f"previous complete checkpoint is {tmp_path / 'global_step_1'}" in str(e.value)
