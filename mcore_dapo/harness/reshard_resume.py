@@ -304,13 +304,14 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
     import os
     import tempfile
 
+    from mcore_dapo.bridge.layout import Layout
     from mcore_dapo.runtime.launch import LaunchError, free_port, run_session
 
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-reshard-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "output.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
                f"--master-port={free_port()}", "-m", "mcore_dapo.harness.reshard_resume", mode, "--hf-path",
-               str(hf_path), "--work", str(work), "--tp", str(tp), "--pp", str(pp), "--ep", str(ep), "--out", str(out),
+               str(hf_path), "--work", str(work), *Layout(tp=tp, pp=pp, ep=ep).to_argv(), "--out", str(out),
                *(["--kill-in-save", kill_in_save] if kill_in_save else []), *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
         with open(log, "w") as sink:
@@ -323,15 +324,14 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
 
 
 def main(argv=None) -> int:
+    from mcore_dapo.bridge.layout import Layout
 
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
     ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
-    ap.add_argument("--tp", type=int, default=1)
-    ap.add_argument("--pp", type=int, default=1)
-    ap.add_argument("--ep", type=int, default=2)
+    Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--kill-in-save", choices=POINTS, default=None,
                     help="after the result is written: save step 2 and SIGKILL every process at that point")
