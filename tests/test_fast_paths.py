@@ -134,7 +134,7 @@ def test_the_users_override_transformer_config_wins_over_each_fast_path(qwen3_30
 
 
 @pytest.mark.no_accelerator  # asserts that Transformer Engine does not import here
-def test_grouped_gemm_asked_on_cuda_without_transformer_engine_is_one_line_before_ray(qwen3_30b):
+def test_grouped_gemm_asked_on_cuda_without_transformer_engine_is_one_line_before_ray(qwen3_30b, caplog):
     from mcore_dapo.verl_plugin.config_checks import check_fast_paths
 
     def config(device, overrides, replay="disabled"):
@@ -151,9 +151,15 @@ def test_grouped_gemm_asked_on_cuda_without_transformer_engine_is_one_line_befor
     # what the device itself cannot run is refused anywhere: the CPU, router fusion with replay
     with pytest.raises(UserError, match="apply_rope_fusion=True cannot run on cpu"):
         check_fast_paths(config("cpu", {"apply_rope_fusion": True}), qwen3_30b, Layout(ep=8), here=False)
-    # off, null and verl's attention_backend default are no request
-    check_fast_paths(config("cuda", {"moe_grouped_gemm": False, "apply_rope_fusion": None,
-                                     "attention_backend": "flash"}), qwen3_30b, Layout(ep=8))
+    # off, null and verl's attention_backend default are no request; a launch logs the one warning line
+    import logging
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mcore_dapo"):
+        check_fast_paths(config("cuda", {"moe_grouped_gemm": False, "apply_rope_fusion": None,
+                                         "attention_backend": "flash"}), qwen3_30b, Layout(ep=8))
+    assert [r.getMessage() for r in caplog.records] == [get_adapter("cuda").fast_path_warning(qwen3_30b, Layout(ep=8))]
+    assert caplog.records[0].getMessage().startswith("cuda: running without moe_grouped_gemm, ")
 
 
 def test_legacy_grouped_mlp_is_refused_in_one_line(qwen3_30b):

@@ -91,16 +91,21 @@ def check_fast_paths(c, cfg, layout: Layout, here: bool = True) -> None:
     """A fast path asked in the actor's ``override_transformer_config`` that the trainer device cannot run
     (grouped GEMM on CUDA without Transformer Engine, router fusion with router replay, MindSpeed's
     all-to-all overlap at EP 1): one line. ``here`` as in :func:`check_packing`: what depends on this
-    machine's software only on a launch."""
+    machine's software only on a launch, where the device's one warning line names what it loses (CUDA
+    without Transformer Engine)."""
     device = c.trainer.get("device")
     if not device:
         return
     megatron = c.actor_rollout_ref.actor.megatron
     overrides = dict(megatron.get("override_transformer_config") or {})
     replay = str(megatron.get("router_replay", {}).get("mode", "disabled")) != "disabled"
-    get_adapter(str(device)).check_fast_path_overrides(
-        cfg, layout, overrides, here=here, replay=replay,
-        dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall")
+    adapter, kw = get_adapter(str(device)), dict(replay=replay,
+                                                 dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall")
+    adapter.check_fast_path_overrides(cfg, layout, overrides, here=here, **kw)
+    if here and (warning := adapter.fast_path_warning(cfg, layout, **kw)):  # what this machine's software loses
+        import logging
+
+        logging.getLogger("mcore_dapo").warning(warning)
 
 
 def validate(c, model_dir=None, here: bool = True) -> dict:
