@@ -88,3 +88,16 @@ def test_layout_classes_are_the_device_scripts_layouts():
     tiny = t.LAYOUT_CLASSES["a2"]["changes"]
     f, l = (tiny[f"override_transformer_config.num_layers_in_{s}_pipeline_stage"] for s in ("first", "last"))
     assert f > l and f % 2 == 0 and l % 2 == 0 and f + l == t.LAYOUT_CLASSES["a2"]["layers"]
+
+
+def test_one_entry_point(tmp_path, capsys):
+    """``python -m mcore_dapo.harness.tiny_dapo`` is ``mcore-dapo tiny-dapo``: the same parser, defaults and errors."""
+    from mcore_dapo.harness.tiny_dapo import main
+
+    assert main(["--workdir", str(tmp_path), "--lr", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --lr=0.0 is not accepted: a positive learning rate"
+    assert main(["--workdir", str(tmp_path), "--teach-p", "1.5"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --teach-p=1.5 is not accepted: a share between 0 and 1"
+    assert main(["--workdir", str(tmp_path), "use_kl_loss"]) == 2
+    assert capsys.readouterr().err.strip() == "error: override='use_kl_loss' is not accepted: key=value (Hydra)"
+    assert not any(tmp_path.iterdir())

@@ -1,5 +1,7 @@
-"""``mcore-dapo tiny-dapo``: verl's DAPO trainer on a tiny Qwen3-MoE on the CPU (the plugin's Megatron
-engine under EP2, verl's own vLLM rollout on vLLM's CPU build or the plugin's ``hf_cpu`` stand-in).
+"""``mcore-dapo tiny-dapo``: verl's DAPO trainer on a tiny Qwen3-MoE on the CPU with the launch scripts'
+settings (:mod:`mcore_dapo.harness.tiny_dapo`: the plugin's Megatron engine under EP2 or a script's layout
+class, verl's own vLLM rollout on vLLM's CPU build or the plugin's ``hf_cpu`` stand-in). The one entry point:
+``python -m mcore_dapo.harness.tiny_dapo ARGS`` is this command.
 
 A stable command for the loop and for checks: ``--json`` prints one object with, per step, verl's
 score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp| and, with
@@ -29,8 +31,15 @@ def add_commands(sub) -> None:
                    "under EP, 4 ranks)")
     p.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP; "
                    "2 runs on vLLM's CPU build)")
+    p.add_argument("--lr", type=float, default=1e-3, help="the actor's learning rate (default 1e-3)")
+    p.add_argument("--teach-p", type=float, default=None,
+                   help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
+    p.add_argument("--no-audit", dest="audit", action="store_false",
+                   help="skip the audit (every update recomputed on the HF model from the engine's weights)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the run is abandoned")
     p.add_argument("--json", action="store_true")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides after the scripts' (a variant of their settings, "
+                   "e.g. actor_rollout_ref.actor.use_kl_loss=True)")
     p.set_defaults(fn=tiny_dapo)
 
 
@@ -44,6 +53,13 @@ def _validated(a) -> None:
         raise accepted("--steps", a.steps, "at least 1")
     if a.timeout <= 0:
         raise accepted("--timeout", a.timeout, "a positive number of seconds")
+    if not a.lr > 0:
+        raise accepted("--lr", a.lr, "a positive learning rate")
+    if a.teach_p is not None and not 0 <= a.teach_p <= 1:
+        raise accepted("--teach-p", a.teach_p, "a share between 0 and 1")
+    bad = [o for o in a.overrides if "=" not in o]
+    if bad:
+        raise accepted("override", bad[0], "key=value (Hydra)")
     from mcore_dapo.harness.tiny_dapo import LAYOUT_CLASSES
 
     if a.layout not in LAYOUT_CLASSES:
@@ -66,8 +82,9 @@ def tiny_dapo(a) -> int:
     from mcore_dapo.harness.tiny_dapo import per_step, run
 
     _validated(a)
-    r = run(Path(a.workdir).absolute(), a.steps, a.timeout, audit=True, rollout=a.rollout,
-            router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, layout=a.layout, gen_tp=a.gen_tp)
+    r = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
+            router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides),
+            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp)
     steps = per_step(r) if r["steps"] else []
     out = {"rollout": a.rollout, "layout": a.layout, "gen_tp": a.gen_tp, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
            "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}

@@ -5,20 +5,19 @@ settings, no packed sequences); on are the scripts' dynamic batch sizes, distrib
 warm-up, full recompute, parameter and optimizer offload, validation, checkpoints with
 ``resume_mode=auto``, dynamic sampling and verl's own ``math_dapo`` reward.
 
-``python -m mcore_dapo.harness.tiny_dapo --workdir W --steps 4``
+``mcore-dapo tiny-dapo --workdir W --steps 4`` (or ``python -m mcore_dapo.harness.tiny_dapo``, the same command)
 
 prepares ``W`` (:mod:`mcore_dapo.harness.math_task`: the tiny Qwen3-MoE taught the answer form, a
 word-level tokenizer with a chat template, train/val parquet files in the guide's schema) and runs
 ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``, the scripts' entry point. verl writes its
 metrics, one JSON line per step, to ``W/metrics.jsonl`` and its console log to ``W/train.log``;
 ``W/tiny_dapo.png`` plots reward, response length, throughput and the timing breakdown per step
-(``mcore-dapo metrics`` reads the same log); the last line printed is a JSON summary. A run that does
+(``mcore-dapo metrics`` reads the same log); it prints a table per step (``--json``: one object). A run that does
 not finish in ``--timeout`` seconds is stopped with every process it started, and says why.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -359,31 +358,10 @@ def plot(train_log: Path, out: Path, layout: str = "ep2") -> Path:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.tiny_dapo")
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=1800)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--rollout", choices=ROLLOUTS, default="hf_cpu")
-    ap.add_argument("--audit", action="store_true",
-                    help="recompute every update on the HF model from the engine's weights of that step")
-    ap.add_argument("--router-replay", choices=list(REPLAY_MODES), default=None,
-                    help="router replay (off, R2, R3); the rollout returns its routed experts for the "
-                         "routing-agreement metric (actor/routing/rollout_agreement)")
-    ap.add_argument("--rollout-dtype", choices=["bfloat16", "float32"], default=None, help="the rollout's dtype")
-    ap.add_argument("--teach-p", type=float, default=None,
-                    help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
-    ap.add_argument("--layout", choices=list(LAYOUT_CLASSES), default="ep2",
-                    help="EP2 alone, or a device script's layout at tiny size (h100: TP2+SP under EP; a2: PP2 "
-                         "with uneven stages and VPP2 under EP, 4 ranks)")
-    ap.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides after the scripts' (e.g. actor_rollout_ref.actor.use_kl_loss=True)")
-    a = ap.parse_args(argv)
-    result = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
-                 router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides), teach_p=a.teach_p,
-                 layout=a.layout, gen_tp=a.gen_tp)
-    print(json.dumps(result))
-    return 0 if result["returncode"] == 0 and result["steps"] >= a.steps else 1
+    """``python -m mcore_dapo.harness.tiny_dapo ARGS`` is ``mcore-dapo tiny-dapo ARGS`` (one entry point)."""
+    from mcore_dapo.cli.main import run as cli
+
+    return cli(["tiny-dapo", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
