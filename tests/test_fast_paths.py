@@ -270,3 +270,14 @@ def test_ascend_configure_flags_give_every_flag_and_follow_the_users_grouped_gem
                                                       "gemm_gradient_accumulation_fusion": True}, 1, recipe=True)
     # devices without feature flags get none
     assert get_adapter("cuda").configure_flags(qwen3_30b, Layout(ep=8), {"attention_backend": "flash"}) == {}
+
+
+def test_a_dense_model_gets_no_moe_settings(tiny_dense):
+    dense = load_hf_config(tiny_dense)
+    for device in ("cuda", "npu"):
+        paths = get_adapter(device).fast_paths(dense, Layout(tp=2), recipe=True)
+        assert paths and not any(p.setting.startswith(("moe_", "gemm_")) for p in paths), (device, paths)
+    assert get_adapter("cuda").fast_path_fields(dense, Layout(tp=2), recipe=True) == {
+        "attention_backend": "flash", "apply_rope_fusion": True, "bias_activation_fusion": True}
+    flags = get_adapter("npu").configure_flags(dense, Layout(tp=2), {}, 1, recipe=True)
+    assert "moe_token_dispatcher_type" not in flags and flags["use_fused_rmsnorm"] is True
