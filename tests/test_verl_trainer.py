@@ -5,19 +5,31 @@ CPU-only settings and packing: tests/test_tiny_dapo_cli.py checks that). On: dyn
 share split into several micro-batches), Megatron's distributed optimizer, LR warm-up, full recompute,
 parameter and optimizer offload, validation every 2 steps, checkpoints every 2 steps with
 ``resume_mode=auto``, dynamic sampling, verl's ``dapo`` reward manager with ``math_dapo`` on data in the
-guide's schema (:mod:`mcore_dapo.harness.math_task`), the Megatron engine under EP2, weight sync, and
-router replay R3 (the rollout's routed experts through the agent loop and TransferQueue, replayed in the
-old-log-prob pass and the update). What stays off, and why: packed sequences (``use_remove_padding``:
-Megatron's attention has no packed kernel without Transformer Engine); the rollout is the plugin's
-``hf_cpu`` stand-in, since R3 needs the rollout's routes, which vLLM's CPU build cannot return (its Model
-Runner V2 needs Triton); ``make demo`` runs the same trainer on verl's vLLM rollout."""
+guide's schema (:mod:`mcore_dapo.harness.math_task`), weight sync, and each launch script's layout class at
+tiny size (the script's own LAYOUT array, only EP and the stage sizes changed).
+
+Two runs:
+
+* ``tiny_run``, the H100 script's layout class (TP2 with sequence parallelism, EP2 over the TP ranks, ETP1),
+  with router replay R3 (the rollout's routed experts through the agent loop and TransferQueue, replayed in
+  the old-log-prob pass and the update) and every update audited against the HF reference. Its rollout is
+  the plugin's ``hf_cpu`` stand-in: R3 needs the rollout's routes, which vLLM's CPU build cannot return (its
+  Model Runner V2 needs Triton).
+* ``vllm_run``, the A2 script's layout class (PP2 with VPP2 and uneven stages, 6 + 2 layers, under EP2, 4
+  ranks) on verl's vLLM rollout (vLLM's CPU build) at the scripts' rollout TP 2, with the KL loss on
+  (``use_kl_loss=True``: verl's reference engine beside the actor, the scripts' KL settings otherwise).
+
+What stays off, and why: packed sequences (``use_remove_padding``: Megatron's attention has no packed kernel
+without Transformer Engine)."""
 
 import math
 from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host, gloo
+# torchrun ranks of real Megatron on one host, gloo; a run is 2 to 4 minutes on an idle 2-core host (its
+# audit's fp32 reference 1 more), and a module fixture's time counts against its first test's timeout
+pytestmark = [pytest.mark.cpu_only, pytest.mark.timeout(1500)]
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -35,6 +47,23 @@ def tiny_run(dapo_trainer_run):
     log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
     assert result["returncode"] == 0, result["error"] or log_tail
     return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail, result["audit"], work
+
+
+VLLM_STEPS = 3  # the warm-up's first update applies lr 0: the third step is the first whose actor left the ref
+KL_COEF = 1e-3  # the scripts' kl_loss_coef is 0.0 (KL off): with KL on, a coefficient that enters the loss
+
+
+@pytest.fixture(scope="module")
+def vllm_run(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from mcore_dapo.harness.tiny_dapo import read_metrics, run
+
+    work = tmp_path_factory.mktemp("tiny-dapo-a2")
+    result = run(work, VLLM_STEPS, timeout=1500, rollout="vllm", layout="a2", gen_tp=2,
+                 extra=("actor_rollout_ref.actor.use_kl_loss=True", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}"))
+    log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
+    assert result["returncode"] == 0, result["error"] or log_tail
+    return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail, work
 
 
 def test_trainer_runs_the_steps_on_megatron(tiny_run):
@@ -147,3 +176,40 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
     assert main(["metrics", str(work / "train.log"), "--world-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "actor/routing/rollout_agreement" in out and "route agr" in out
+
+
+def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
+    # PP2 x VPP2 with a heavier first stage under EP2 (the interleaved schedule under gloo), 4 trainer ranks
+    steps, log, work = vllm_run
+    assert len(steps) == VLLM_STEPS, log
+    for m in steps:
+        assert math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
+    # verl's own check after every sync, here from the PP2 x VPP2 engine into vLLM's two TP ranks: vLLM's
+    # log-probs against the actor's recomputation (the bound above, both bf16 on the same weights)
+    for m in steps:
+        assert m["training/rollout_probs_diff_valid"] == 1.0
+        assert m["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX, m["training/rollout_probs_diff_max"]
+    # validation and checkpoints at test_freq = save_freq = 2 and at the last step (verl's v1 trainer,
+    # verl/trainer/ppo/v1/trainer_base.py: "is_last_step or global_steps % test_freq == 0")
+    val = [m["training/global_step"] for m in steps if m.get("val-core/aime_tiny/acc/mean@1") is not None]
+    assert val == [2, 3]
+    ckpts = Path(work) / "checkpoints"
+    assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == str(VLLM_STEPS)
+    for step in (2, 3):
+        actor = ckpts / f"global_step_{step}" / "actor"
+        assert all(any((actor / part).iterdir()) for part in ("model", "optimizer", "extra")), step
+
+
+def test_kl_loss_runs_against_the_reference_engine(vllm_run):
+    # use_kl_loss=True: verl builds the reference engine beside the actor (same layout, its own Megatron model)
+    # and the update adds kl_loss_coef * KL(actor || ref) (verl's low_var_kl). Until the actor's first update
+    # with lr > 0 (step 2's update: step 1's warm-up update applies lr 0) actor and ref hold the same weights
+    # and the KL is 0 up to the two engines' kernels; at step 3 the actor has moved and the KL is positive.
+    steps, log, _ = vllm_run
+    assert all("timing_s/ref" in m for m in steps), sorted(steps[0])
+    kl = [m["actor/kl_loss"] for m in steps]
+    assert all(math.isfinite(k) for k in kl), kl
+    # the same weights on the same layout give the same log-probs: measured exactly 0.0 at steps 1 and 2
+    assert abs(kl[0]) < 1e-6 and abs(kl[1]) < 1e-6, kl
+    assert kl[2] > 1e-5, kl  # measured 1.25e-3 after one update at lr 1e-3
+    assert all(m["actor/kl_coef"] == pytest.approx(KL_COEF) for m in steps)
