@@ -296,6 +296,23 @@ def test_a_checkpoint_of_another_model_is_one_line(reshard):
     assert "hidden_size 64 there, 96 here" in msg and "num_experts 8 there, 16 here" in msg
 
 
+def test_resuming_another_model_is_refused_before_ray(reshard, tmp_path):
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo.harness.verl_engine import overrides
+    from mcore_dapo.verl_plugin.checkpoint import check_resume
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    other = make_tiny_model(tmp_path / "other", hidden_size=96)
+    step1 = reshard[2] / "global_step_1"
+    c = compose(rewrite(overrides(str(other), 2) + ["trainer.resume_mode=resume_path",
+                                                      f"trainer.resume_from_path={step1}"]))
+    with pytest.raises(UserError) as e:
+        check_resume(c)  # what main_dapo runs before Ray starts
+    assert "\n" not in str(e.value) and "another model: hidden_size 64 there, 96 here" in str(e.value)
+
+
 def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
     from mcore_dapo.errors import UserError
     from mcore_dapo.verl_plugin.checkpoint import check
