@@ -104,14 +104,16 @@ def test_no_command_spells_a_layout_by_hand():
     import re
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "mcore_dapo"
+    from mcore_dapo.bridge.layout import MEGATRON_NAMES
+
+    repo = Path(__file__).resolve().parents[1]
     flag = re.compile(r"""["']--(tp|pp|ep|etp|vpp|cp)["']""")
-    hydra = re.compile(r"megatron\.(tensor|pipeline|expert|expert_tensor)_model_parallel_size=")
+    hydra = re.compile(r"megatron\.(" + "|".join(MEGATRON_NAMES.values()) + ")=")
     found = []
-    for path in root.rglob("*.py"):
+    for path in [*(repo / "mcore_dapo").rglob("*.py"), *(repo / "tools").rglob("*.py")]:
         if path.name == "layout.py" and path.parent.name == "bridge":
             continue
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if flag.search(line) or hydra.search(line):
-                found.append(f"{path.relative_to(root)}:{i}: {line.strip()}")
+                found.append(f"{path.relative_to(repo)}:{i}: {line.strip()}")
     assert not found, "\n".join(found)

@@ -99,5 +99,5 @@ def test_one_entry_point(tmp_path, capsys):
     assert main(["--workdir", str(tmp_path), "--teach-p", "1.5"]) == 2
     assert capsys.readouterr().err.strip() == "error: --teach-p=1.5 is not accepted: a share between 0 and 1"
     assert main(["--workdir", str(tmp_path), "use_kl_loss"]) == 2
-    assert capsys.readouterr().err.strip() == "error: override='use_kl_loss' is not accepted: key=value (Hydra)"
+    assert capsys.readouterr().err.strip() == "error: override='use_kl_loss' is not accepted: key=value, +key=value or ~key (Hydra)"
     assert not any(tmp_path.iterdir())

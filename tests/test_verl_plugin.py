@@ -298,3 +298,25 @@ def test_launch_on_cuda_without_transformer_engine_refuses_packing_before_ray(mo
     assert main_dapo.main([*argv[:-1], "actor_rollout_ref.model.use_remove_padding=False"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and err.strip().splitlines()[-1] == "failed: AssertionError: main_ppo.main ran: Ray would start"
+
+
+def test_a_checkpoint_of_the_other_optimizer_is_one_line_under_the_same_layout(tmp_path):
+    """The distributed and the non-distributed optimizer lay their state out differently: a checkpoint of one is
+    refused for the other before any load, also when the layout is the same (no resharding asked)."""
+    import json
+
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin import checkpoint as ck
+
+    folder = tmp_path / "global_step_2" / "actor"
+    folder.mkdir(parents=True)
+    layout = {"tp": 1, "pp": 1, "ep": 2, "etp": 1, "cp": 1, "vpp": None, "world_size": 2}
+    here = {"model": {"hidden_size": 64}, "layout": layout,
+            "optimizer": {"distributed": True, "sharding_type": None}, "dtype": "bfloat16"}
+    record = {**here, "format": ck.FORMAT, "files": {}, "optimizer": {"distributed": False, "sharding_type": None}}
+    (folder / ck.RESUME_FILE).write_text(json.dumps(record))
+    with pytest.raises(UserError) as e:
+        ck.check(folder, here)
+    msg = str(e.value)
+    assert "\n" not in msg and "use_distributed_optimizer=False" in msg and "this run has True" in msg
+    assert ck.check(folder, here, load_optimizer=False) is not None  # the weights alone still load

@@ -22,6 +22,7 @@ Two runs:
 What stays off, and why: packed sequences (``use_remove_padding``: Megatron's attention has no packed kernel
 without Transformer Engine)."""
 
+import json
 import math
 from pathlib import Path
 
@@ -77,7 +78,7 @@ def test_trainer_runs_the_steps_on_megatron(tiny_run):
     assert [a["lr"] for a in audit] == [0.0] + [pytest.approx(1e-3)] * (STEPS - 1)
 
 
-def test_validation_and_checkpoints_run_at_the_scripts_frequencies(tiny_run):
+def test_validation_and_checkpoints_run_at_the_scripts_frequencies_in_the_h100_layout_class(tiny_run):
     steps, _, _, work = tiny_run
     # validation on the test file (data_source aime_tiny, verl's math_dapo) at test_freq
     val = {m["training/global_step"]: m.get("val-core/aime_tiny/acc/mean@1") for m in steps}
@@ -86,6 +87,13 @@ def test_validation_and_checkpoints_run_at_the_scripts_frequencies(tiny_run):
     # checkpoints at save_freq, each with model, distributed optimizer state and the trainer's extra state
     ckpts = Path(work) / "checkpoints"
     assert (ckpts / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    # the layout the engine ran (its TransformerConfig, saved with the checkpoint): the H100 script's class
+    tc = json.loads((ckpts / "global_step_2" / "actor" / "transformer_config.json").read_text())
+    assert {k: tc[k] for k in ("tensor_model_parallel_size", "sequence_parallel", "expert_model_parallel_size",
+                               "expert_tensor_parallel_size", "pipeline_model_parallel_size",
+                               "recompute_granularity")} == {
+        "tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2,
+        "expert_tensor_parallel_size": 1, "pipeline_model_parallel_size": 1, "recompute_granularity": "full"}
     for step in (2, 4):
         actor = ckpts / f"global_step_{step}" / "actor"
         assert all(any((actor / part).iterdir()) for part in ("model", "optimizer", "extra")), step
@@ -182,6 +190,15 @@ def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
     # PP2 x VPP2 with a heavier first stage under EP2 (the interleaved schedule under gloo), 4 trainer ranks
     steps, log, work = vllm_run
     assert len(steps) == VLLM_STEPS, log
+    # the layout the engine ran (its TransformerConfig, saved with the checkpoint): the A2 script's class; the
+    # last stage's 2 layers are the rest at PP2 (bridge/megatron_config._two_stage_split)
+    tc = json.loads((Path(work) / "checkpoints" / "global_step_2" / "actor" / "transformer_config.json").read_text())
+    assert {k: tc[k] for k in ("pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
+                               "num_layers_in_first_pipeline_stage", "num_layers", "expert_model_parallel_size",
+                               "tensor_model_parallel_size", "recompute_granularity")} == {
+        "pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2,
+        "num_layers_in_first_pipeline_stage": 6, "num_layers": 8, "expert_model_parallel_size": 2,
+        "tensor_model_parallel_size": 1, "recompute_granularity": "full"}
     for m in steps:
         assert math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
     # verl's own check after every sync, here from the PP2 x VPP2 engine into vLLM's two TP ranks: vLLM's

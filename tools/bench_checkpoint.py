@@ -30,11 +30,26 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--ep", type=int, default=2)
     ap.add_argument("--json", default=None)
+    from mcore_dapo.bridge.layout import Layout
+
+    Layout.add_args(ap, ("ep",), ep=2)
     a = ap.parse_args(argv)
+    from mcore_dapo.errors import UserError, accepted
     from mcore_dapo.harness.reshard_resume import launch
     from mcore_dapo.harness.tiny import make_tiny_model
+
+    try:
+        if a.layers < 1:
+            raise accepted("--layers", a.layers, "at least 1")
+        if a.vocab < 1:
+            raise accepted("--vocab", a.vocab, "at least 1")
+        if a.experts < 8 or a.ep < 1 or a.experts % a.ep:
+            raise UserError(f"--experts={a.experts} with --ep={a.ep} is not accepted: at least 8 experts (the "
+                            "model's top-8), a number EP divides")
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     work = Path(a.workdir).absolute()
     work.mkdir(parents=True, exist_ok=True)
@@ -56,8 +71,11 @@ def main(argv=None) -> int:
     r["load_gb_per_s"] = round(r["total_bytes"] / 1e9 / r["load_seconds"], 3)
     text = json.dumps(r, indent=1)
     print(text)
-    if a.json:
-        Path(a.json).write_text(text)
+    if a.json:  # written beside its place, then moved: never a half-written file
+        out = Path(a.json)
+        tmp = out.with_name(f".{out.name}.partial")
+        tmp.write_text(text)
+        tmp.replace(out)
     return 0
 
 

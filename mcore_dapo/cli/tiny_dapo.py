@@ -57,9 +57,9 @@ def _validated(a) -> None:
         raise accepted("--lr", a.lr, "a positive learning rate")
     if a.teach_p is not None and not 0 <= a.teach_p <= 1:
         raise accepted("--teach-p", a.teach_p, "a share between 0 and 1")
-    bad = [o for o in a.overrides if "=" not in o]
+    bad = [o for o in a.overrides if "=" not in o and not o.startswith("~")]
     if bad:
-        raise accepted("override", bad[0], "key=value (Hydra)")
+        raise accepted("override", bad[0], "key=value, +key=value or ~key (Hydra)")
     from mcore_dapo.harness.tiny_dapo import LAYOUT_CLASSES
 
     if a.layout not in LAYOUT_CLASSES:

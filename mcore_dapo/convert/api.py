@@ -45,6 +45,9 @@ def hf2mcore(hf_path: str | Path, out: str | Path, layout: Layout = Layout(), *,
     versions.check_stack()
     if dtype not in DTYPES:
         raise UserError(f"dtype={dtype!r} is not accepted: accepted are {', '.join(DTYPES)}")
+    if layout.vpp or layout.cp > 1:
+        raise UserError(f"{layout.describe()} is not accepted for writing: hf2mcore writes under TP, PP, EP and ETP "
+                        "(its torch_dist checkpoint loads under any layout, VPP and CP included)")
     hf_path = Path(hf_path)
     bridge = Bridge.from_hf(hf_path, layout)
     out = output.check_output(out, overwrite)

@@ -209,9 +209,12 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
                 f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which loads only "
                 f"under the layout that wrote it ({_layout(there)}), not {_layout(now)}: resume under that layout, "
                 "or load the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
-        if (record.get("optimizer") or {}).get("distributed") != here["optimizer"]["distributed"]:
-            raise UserError(f"checkpoint {folder} was written with use_distributed_optimizer="
-                            f"{record['optimizer']['distributed']}, this run has {here['optimizer']['distributed']}")
+    if load_optimizer and bool((record.get("optimizer") or {}).get("distributed")) != bool(here["optimizer"]["distributed"]):
+        # under the same layout too: the two optimizers' states are laid out differently
+        raise UserError(f"checkpoint {folder} was written with use_distributed_optimizer="
+                        f"{(record.get('optimizer') or {}).get('distributed')}, this run has "
+                        f"{here['optimizer']['distributed']}: accepted is the checkpoint's setting, or the weights "
+                        "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
     return record
 
 
