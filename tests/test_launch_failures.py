@@ -138,3 +138,29 @@ def test_an_unexpected_error_of_a_ray_actor_is_its_own_type_and_message():
             raise RuntimeError("update failed") from inner
     except RuntimeError as outer:
         assert failures.exception_line(outer) == "ValueError: no routes"
+
+
+def test_a_killed_session_leaves_no_process_behind(tmp_path):
+    """run_session's kill reaches every process of the session, also one that moved to a process group of its
+    own (as Ray's workers do), and returns only when none is left: a killed run writes nothing afterwards."""
+    import os
+    import sys
+    import time
+
+    from mcore_dapo.runtime.launch import run_session
+
+    pidfile = tmp_path / "pid"
+    child = (f"import os, time; os.setpgid(0, 0); open({str(pidfile)!r} + '.tmp', 'w').write(str(os.getpid())); "
+             f"os.rename({str(pidfile)!r} + '.tmp', {str(pidfile)!r}); time.sleep(60)")
+    code = f"import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n"
+    start = time.monotonic()
+    with open(tmp_path / "log", "w") as sink:
+        rc = run_session([sys.executable, "-c", code], dict(os.environ), sink, 30, kill_when=pidfile.is_file)
+    assert rc == -9 and time.monotonic() - start < 20
+    pid = int(pidfile.read_text())
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = None  # gone
+    assert state in (None, "Z"), state

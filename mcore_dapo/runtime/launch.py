@@ -141,7 +141,7 @@ def run_session(cmd: list[str], env: dict, sink, timeout: float | None, cwd=None
             returncode = None
             while proc.poll() is None and (end is None or time.monotonic() < end):
                 if kill_when():
-                    os.killpg(proc.pid, signal.SIGKILL)
+                    kill_session(proc.pid)
                     returncode = -signal.SIGKILL
                     break
                 time.sleep(0.1)
@@ -150,9 +150,57 @@ def run_session(cmd: list[str], env: dict, sink, timeout: float | None, cwd=None
     except subprocess.TimeoutExpired:
         returncode = None
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_session(proc.pid)
         proc.wait()
     return returncode
+
+
+def _session_members(sid: int) -> list[int]:
+    """The processes of session ``sid`` (Linux: /proc/<pid>/stat's session field), its leader included."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session ...
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+def kill_session(sid: int, wait: float = 30.0) -> None:
+    """SIGKILL every process of the session ``sid`` (its process group, and processes that moved to groups of
+    their own, as Ray's workers do) and wait until none is left, so that nothing of a killed run still writes
+    when this returns."""
+    import signal
+    import time
+
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if not os.path.isdir("/proc"):
+        return
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        members = [pid for pid in _session_members(sid) if pid != os.getpid()]
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        # the leader stays a zombie until its parent (this process) reaps it
+        if all(_is_zombie(pid) for pid in members):
+            return
+        time.sleep(0.05)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
