@@ -64,20 +64,10 @@ def engine_logp(worker, engine, batch, data) -> torch.Tensor:
 
 def update(worker, engine, batch, data) -> dict:
     """verl's compute_log_prob then update_actor on ``batch`` (:func:`verl_engine._old_policy`'s old policy)."""
-    from verl.utils import tensordict_utils as tu
+    from mcore_dapo.harness.verl_engine import _scalar, one_update
 
-    from mcore_dapo.harness.verl_dapo import GROUPS, N
-    from mcore_dapo.harness.verl_engine import _old_policy, _scalar, _shared, dispatch, engine_batch
-
-    old = _old_policy(worker, engine, batch, data)
-    td = engine_batch(data, old)
-    mini = GROUPS * N
-    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
-                         global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
-                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
-    lr = float(engine.optimizer.param_groups[0]["lr"])
-    out = worker.update_actor(dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank()))
-    metrics = _shared(engine, tu.get(out, "metrics") if out is not None else None)
+    lr = float(engine.optimizer.param_groups[0]["lr"])  # what this update applies (read before it)
+    _, metrics = one_update(worker, engine, batch, data)
     return {"loss": float(_scalar(metrics["loss"])), "grad_norm": float(_scalar(metrics["grad_norm"])), "lr": lr,
             "scheduler_steps": int(engine.lr_scheduler.num_steps)}
 

@@ -220,17 +220,8 @@ def offload_run(a) -> dict:
         return got
 
     def update(worker, engine, batch, data) -> tuple:
-        old = _old_policy(worker, engine, batch, data)
-        td = engine_batch(data, old)
-        mini = GROUPS * N
-        tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
-                             global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
-                             dataloader_kwargs={"shuffle": False}, compute_loss=True)
-        out = worker.update_actor(dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank()))
-        metrics = _shared(engine, tu.get(out, "metrics") if out is not None else None)
+        old, metrics = one_update(worker, engine, batch, data)
         return old, {k: _scalar(metrics[k]) for k in ("loss", "grad_norm")}
-
-    from verl.utils import tensordict_utils as tu
 
     worker, engine, batch, data = start_actor(a, device=a.device, offload=True, dist_optimizer=True)
     r = {"offload_enabled": [engine.is_param_offload_enabled, engine.is_optimizer_offload_enabled],
@@ -277,6 +268,21 @@ def _old_policy(worker, engine, batch, data) -> torch.Tensor:
     current = _gather_logp(engine, worker.compute_log_prob(mine), mine, len(data))
     noise = torch.randn(current.shape, generator=torch.Generator().manual_seed(3)) * 0.3
     return (current + noise) * batch["response_mask"]
+
+
+def one_update(worker, engine, batch, data) -> tuple:
+    """verl's compute_log_prob (the old policy) then one ``update_actor`` of the whole batch as one
+    mini-batch: the old log-probs and the update's metrics (the same on every rank)."""
+    from verl.utils import tensordict_utils as tu
+
+    old = _old_policy(worker, engine, batch, data)
+    td = engine_batch(data, old)
+    mini = GROUPS * N
+    tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                         global_batch_size=mini, mini_batch_size=mini, epochs=1, seed=1,
+                         dataloader_kwargs={"shuffle": False}, compute_loss=True)
+    out = worker.update_actor(dispatch(td, engine.get_data_parallel_size(), engine.get_data_parallel_rank()))
+    return old, _shared(engine, tu.get(out, "metrics") if out is not None else None)
 
 
 def _all(counts: dict) -> dict:
