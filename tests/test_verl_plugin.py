@@ -143,13 +143,32 @@ def test_dry_run_router_replay_env():
     assert p.stderr.strip().splitlines() == ["error: ROUTER_REPLAY=R4 is not accepted: accepted are off, R2, R3"]
 
 
-def test_engine_registered_for_cpu_after_verl_engine_import():
-    code = ("import sys, verl; assert 'megatron' not in sys.modules; import verl.workers.engine as e; "
-            "r = e.EngineRegistry._engines['language_model']['megatron']; "
-            "print(sorted(map(str, r)), r['cpu'].__name__)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+ENGINE_CLASSES = (
+    "import sys, verl; assert 'megatron' not in sys.modules; import verl.workers.engine as e; "
+    "r = e.EngineRegistry._engines['language_model']['megatron']; cpu, dev = r['cpu'], r[('cuda', 'nvidia')]; "
+    "assert r[('npu', 'huawei')] is dev; "
+    "print(cpu.__name__, dev.__name__, cpu.__module__, issubclass(cpu, dev), "
+    "sorted(k for k in ('to', 'train_mode', 'eval_mode', 'save_checkpoint') "
+    "for c in dev.__mro__ if c.__module__.startswith('mcore_dapo') and k in vars(c)), "
+    "'mcore_dapo.harness.audit' in sys.modules)")
+
+
+def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
+    """The device class keeps what every device shares; verl's ``cpu`` device gets the subclass that tells load
+    from offload; the audit harness is neither imported nor installed unless MCORE_DAPO_AUDIT_DIR is set."""
+    monkeypatch.delenv("MCORE_DAPO_AUDIT_DIR", raising=False)
+    p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert "McoreDapoEngine" in p.stdout and "('cuda', 'nvidia')" in p.stdout
+    assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True", "[]",
+                                "False"]
+
+
+def test_audit_is_a_wrapper_installed_only_with_its_directory(monkeypatch, tmp_path):
+    monkeypatch.setenv("MCORE_DAPO_AUDIT_DIR", str(tmp_path))
+    p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["McoreDapoCpuEngine", "AuditedMcoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True",
+                                "[]", "True"]
 
 
 @pytest.mark.cpu_only
@@ -176,14 +195,14 @@ def test_cpu_platform_not_chosen_on_a_gpu_host_when_torch_has_cuda(monkeypatch, 
 
     from mcore_dapo import devices
     from mcore_dapo.patching.verl_cpu import process_group
-    from mcore_dapo.verl_plugin import platform_cpu
+    from mcore_dapo.verl_cpu import platform as platform_cpu
 
-    assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies() and platform_cpu.on_cpu()
+    assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies()
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch
     monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path))  # a GPU driver present
     assert not torch.cuda.is_available()
     assert devices.detect() == "cuda"
-    assert not platform_cpu.cpu_platform_applies() and not platform_cpu.on_cpu() and not process_group._on_cpu()
+    assert not platform_cpu.cpu_platform_applies() and not process_group._on_cpu()
     # a CUDA build of torch on a host with no GPU at all (the Ascend stack's torch 2.7.1 here) computes on the CPU
     monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path / "absent"))
     assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies() and process_group._on_cpu()
@@ -206,7 +225,7 @@ def test_rollout_sampling_rules(tmp_path):
     from types import SimpleNamespace
 
     from mcore_dapo.harness.tiny import make_tiny_model
-    from mcore_dapo.verl_plugin.rollout_cpu import response_budget, sample
+    from mcore_dapo.verl_cpu.rollout import response_budget, sample
     from transformers import AutoModelForCausalLM
 
     cfg = SimpleNamespace(max_model_len=None, prompt_length=8, response_length=6)

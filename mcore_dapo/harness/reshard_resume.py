@@ -156,7 +156,7 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
 
 
 def restored_pieces(held: dict, loaded: dict) -> list[str]:
-    """The pieces of :func:`mcore_dapo.verl_plugin.audit.held_state` that differ between what an engine held at
+    """The pieces of :func:`mcore_dapo.harness.audit.held_state` that differ between what an engine held at
     a save and what another holds after loading it (same layout: the same shards in the same order);
     optimizer entries by index and key."""
     from mcore_dapo.harness.resume import _same
@@ -190,7 +190,7 @@ def save_run(a) -> dict:
     write_tracker(work, 1)
     at_save = export(engine)
     logp = engine_logp(worker, engine, *batches[BATCH_B])  # the engine's log-probs at the save
-    from mcore_dapo.verl_plugin.audit import held_state
+    from mcore_dapo.harness.audit import held_state
 
     held = held_state(engine)
     second = update(worker, engine, *batches[BATCH_B])

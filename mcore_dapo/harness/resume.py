@@ -6,13 +6,13 @@ The runs are :func:`mcore_dapo.harness.tiny_dapo.run` with :func:`trainer_run`'s
 ``configs/dapo/common.sh``: checkpoints every 2 steps, ``resume_mode=auto``, the LR scheduler restored from the
 checkpoint, with the audit): the baseline (4 steps, ``B``, the run ``tests/test_verl_trainer.py`` checks too),
 a run whose every process gets SIGKILL once step 3's update has begun (the audit's ``step-0002`` folder
-exists), and the same command again. The audit of each run (:mod:`mcore_dapo.verl_plugin.audit`) holds every
+exists), and the same command again. The audit of each run (:mod:`mcore_dapo.harness.audit`) holds every
 update's batch, weights before and after, loss, learning rate and gradient norm, and what the engine held
 after each checkpoint save and load; :func:`compare` sets the resumed run's steps against the baseline's and
 the state the resumed run loaded against what the killed run held when it saved.
 
 The rollout is the plugin's ``hf_cpu``, whose generator restarts from the rollout's seed at each weight version
-and which serves requests in arrival order (:class:`mcore_dapo.verl_plugin.rollout_cpu.CpuRolloutServer`): the
+and which serves requests in arrival order (:class:`mcore_dapo.verl_cpu.rollout.CpuRolloutServer`): the
 uninterrupted run's server has drawn for validation and steps 1 and 2 before step 3, the resumed run's for one
 validation only (verl's ``val_before_train``). verl's own ``rollout.full_determinism`` does not serve here: its
 agent loop names every request ``det-<priority>`` (verl/experimental/agent_loop/single_turn_agent_loop.py), and

@@ -262,7 +262,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
         extra: tuple[str, ...] = (), teach_p: float | None = None, layout: str = "ep2", gen_tp: int = 1,
         kill_when=None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
-    that step (:mod:`mcore_dapo.verl_plugin.audit`); the result gets, per step, the engine's and the
+    that step (:mod:`mcore_dapo.harness.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
     the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`); ``layout``: one of

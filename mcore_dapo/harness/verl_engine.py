@@ -302,9 +302,9 @@ def replay_run(a) -> dict:
 
     import os
 
-    from mcore_dapo.verl_plugin import audit
+    from mcore_dapo.harness import audit
     from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
-    from mcore_dapo.verl_plugin.rollout_cpu import RouteRecorder
+    from mcore_dapo.verl_cpu.rollout import RouteRecorder
     from verl.utils import tensordict_utils as tu
 
     worker, engine, batch, data = start_actor(a, tp=a.tp, pp=a.pp, device=a.device, router_replay="R2",

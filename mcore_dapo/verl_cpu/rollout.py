@@ -34,7 +34,7 @@ import threading
 import torch
 
 NAME = "hf_cpu"
-ADAPTER_FQN = "mcore_dapo.verl_plugin.rollout_cpu.CpuServerAdapter"
+ADAPTER_FQN = "mcore_dapo.verl_cpu.rollout.CpuServerAdapter"
 BUCKET_BYTES = 64 << 20
 
 log = logging.getLogger(__name__)
