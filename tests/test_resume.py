@@ -281,6 +281,42 @@ def test_the_checkpoints_hf_weights_give_the_engines_log_probs(reshard):
     assert float(logp.abs().max()) > 10 * LOGP_TOL  # log-probs of whole units: the bound is not vacuous
 
 
+@pytest.fixture(scope="module")
+def dist_model(tiny_moe, tmp_path_factory):
+    """The engine with ``megatron.use_dist_checkpointing=True``: its weights from ``hf2mcore``'s torch_dist
+    checkpoint, one update, a save that writes the Megatron model beside the HF weights (the launch scripts keep
+    verl's default, False: their checkpoints hold the HF weights alone, tested above), and ``mcore2hf`` of that
+    Megatron model."""
+    from mcore_dapo.bridge.layout import Layout
+    from mcore_dapo.convert.api import hf2mcore, mcore2hf
+    from mcore_dapo.harness.reshard_resume import launch
+
+    work = tmp_path_factory.mktemp("dist-model")
+    hf2mcore(tiny_moe, work / "start", Layout(ep=2), progress=False)
+    out = launch("dist_model", tiny_moe, work, ep=2, extra=("--checkpoint", str(work / "start")), timeout=900)
+    model = work / "global_step_1" / "actor" / "model"
+    mcore2hf(model / "dist_ckpt", work / "converted", hf_config=tiny_moe, nproc=2, progress=False)
+    return out, work, model
+
+
+def test_mcore2hf_of_the_checkpoints_megatron_model_is_its_hf_weights_bit_for_bit(dist_model, tiny_moe):
+    import torch
+
+    from mcore_dapo.io.hf_reader import HFReader
+
+    out, work, model = dist_model
+    assert any(f.startswith("model/dist_ckpt/") for f in out["files"])
+    saved = torch.load(work / "dist_model.pt", weights_only=False)
+    with HFReader(work / "converted") as conv, HFReader(model / "huggingface") as hf, HFReader(tiny_moe) as start:
+        assert sorted(conv.keys()) == sorted(hf.keys()) == sorted(saved["at_save"])
+        differ = [n for n in hf.keys() if not torch.equal(conv.get(n), hf.get(n))]
+        assert not differ, differ[:5]
+        assert all(torch.equal(hf.get(n), t) for n, t in saved["at_save"].items())  # the engine's, at the save
+        # the engine started from hf2mcore's checkpoint: the HF weights (bf16), and the update moved them
+        assert all(torch.equal(t, start.get(n).to(t.dtype)) for n, t in saved["loaded"].items())
+        assert sum(not torch.equal(hf.get(n), start.get(n).to(hf.get(n).dtype)) for n in hf.keys()) > len(hf.keys()) // 2
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # bad input: one line, before anything is loaded
 

@@ -274,6 +274,28 @@ def bench_run(a) -> dict:
     return None
 
 
+def dist_model_run(a) -> dict:
+    """An engine with ``megatron.use_dist_checkpointing=True`` (its weights from the torch_dist checkpoint
+    ``--checkpoint``, as ``mcore-convert hf2mcore`` writes it): one update, then a save with
+    ``save_contents=[model, hf_model, optimizer, extra]``, which writes the Megatron model (``model/dist_ckpt``)
+    beside its HF weights (``model/huggingface``); the engine's export at the save is written to ``W``."""
+    import torch.distributed as dist
+
+    folder = Path(a.work) / "global_step_1" / "actor"
+    worker, engine, batches = start(a, a.tp, a.pp, a.ep, (
+        f"{A}.megatron.use_dist_checkpointing=True", f"{A}.megatron.dist_checkpointing_path={a.checkpoint}",
+        f"{A}.checkpoint.save_contents=[model,hf_model,optimizer,extra]"))
+    loaded = export(engine)
+    update(worker, engine, *batches[BATCH_A])
+    engine.save_checkpoint(str(folder), global_step=1)
+    at_save = export(engine)
+    if dist.get_rank() == 0:
+        torch.save({"loaded": loaded, "at_save": at_save}, Path(a.work) / "dist_model.pt")
+        return {"layout": engine.mapping.layout.describe(),
+                "files": sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())}
+    return None
+
+
 def bad_run(a) -> dict:
     """A resume that cannot be: the one line the engine's load gives (the checkpoint is left as it is)."""
     from mcore_dapo.errors import UserError
@@ -317,10 +339,11 @@ def main(argv=None) -> int:
     from mcore_dapo.bridge.layout import Layout
 
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
-    ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
+    ap.add_argument("mode", choices=["save", "resume", "bad", "bench", "dist_model"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
+    ap.add_argument("--checkpoint", default=None,
+                    help="bad: the checkpoint to try; dist_model: the torch_dist checkpoint the engine starts from")
     Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--kill-in-save", choices=POINTS, default=None,
@@ -333,7 +356,8 @@ def main(argv=None) -> int:
 
     from mcore_dapo.runtime.launch import finish_worker
 
-    run = {"save": save_run, "resume": resume_run, "bad": bad_run, "bench": bench_run}[a.mode]
+    run = {"save": save_run, "resume": resume_run, "bad": bad_run, "bench": bench_run,
+           "dist_model": dist_model_run}[a.mode]
     if not a.kill_in_save:
         return finish_worker(run(a), a.out)
     result, engine = run(a), _ENGINE[0]
