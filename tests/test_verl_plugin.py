@@ -339,3 +339,36 @@ def test_a_checkpoint_of_the_other_optimizer_is_one_line_under_the_same_layout(t
     msg = str(e.value)
     assert "\n" not in msg and "use_distributed_optimizer=False" in msg and "this run has True" in msg
     assert ck.check(folder, here, load_optimizer=False) is not None  # the weights alone still load
+
+
+@pytest.mark.parametrize("writer", ["0.12.1", "0.16.1"])
+def test_a_checkpoint_of_the_other_megatron_lines_optimizer_is_one_line(tmp_path, writer):
+    """Each line saves the distributed optimizer in its reshardable format (0.16.1: fully_reshardable, 0.12.1:
+    fully_sharded_model_space) and reads that one only: the other line's checkpoint is refused before any load,
+    naming both versions and what is accepted; the weights alone still load. Runs on both test stacks."""
+    import json
+
+    from mcore_dapo import versions
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin import checkpoint as ck
+
+    here_v = versions.installed("megatron-core")
+    fmt = ck.optimizer_format(True, writer)
+    folder = tmp_path / "global_step_2" / "actor"
+    folder.mkdir(parents=True)
+    layout = {"tp": 1, "pp": 1, "ep": 2, "etp": 1, "cp": 1, "vpp": None, "world_size": 2}
+    here = {"model": {"hidden_size": 64}, "layout": layout,
+            "optimizer": {"distributed": True, "sharding_type": ck.optimizer_format(True)}, "dtype": "bfloat16"}
+    record = {**here, "format": ck.FORMAT, "files": {}, "written_by": {"megatron-core": writer},
+              "optimizer": {"distributed": True, "sharding_type": fmt}}
+    (folder / ck.RESUME_FILE).write_text(json.dumps(record))
+    assert ck.readable_formats() == {ck.optimizer_format(True)}
+    if here_v.split(".")[:2] == writer.split(".")[:2]:
+        assert ck.check(folder, here) is not None  # this line's own
+        return
+    with pytest.raises(UserError) as e:
+        ck.check(folder, here)
+    msg = str(e.value)
+    assert "\n" not in msg and f"Megatron's {fmt} format" in msg and f"megatron-core {here_v} does not read" in msg
+    assert f"written by megatron-core {writer}" in msg and f"accepted here: {ck.optimizer_format(True)}" in msg
+    assert ck.check(folder, here, load_optimizer=False) is not None

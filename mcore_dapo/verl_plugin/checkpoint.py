@@ -76,13 +76,13 @@ def optimizer_format(use_distributed_optimizer: bool, megatron_version: str | No
 
 
 def readable_formats(megatron_version: str | None = None) -> set[str]:
-    from packaging.version import Version
-
-    from mcore_dapo import versions
-
-    v = Version(megatron_version or versions.installed("megatron-core"))
-    base = {"fully_sharded_model_space", "fully_sharded_bucket_space", "dp_zero_gather_scatter"}
-    return base | {"fully_reshardable", "dp_reshardable"} if v >= Version("0.14") else base
+    """The distributed optimizer's formats a load of this manager reads: the one it saves. Its load builds the
+    optimizer's sharded state dict with the same metadata as its save (``_build_sharded_state_dict_metadata``),
+    and across the lines the other's format does not load at all: megatron-core 0.12.1 has no
+    ``fully_reshardable``; 0.16.1's ``fully_sharded_model_space`` builds ShardedTensors with a ``flattened_range``,
+    which its ``ShardedTensor.validate_metadata_integrity`` refuses (megatron/core/dist_checkpointing/mapping.py),
+    on a load as on a save."""
+    return {optimizer_format(True, megatron_version)}
 
 
 def engine_record(engine) -> dict:
@@ -189,7 +189,8 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
 
         raise UserError(f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which "
                         f"megatron-core {versions.installed('megatron-core')} does not read (written by megatron-core "
-                        f"{(record.get('written_by') or {}).get('megatron-core')}): resume on that line, or load the "
+                        f"{(record.get('written_by') or {}).get('megatron-core')}; accepted here: "
+                        f"{', '.join(sorted(readable_formats()))}): resume on that line, or load the "
                         "weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
     there, now = record["layout"], here["layout"]
     if load_optimizer and (record.get("optimizer") or {}).get("distributed") and \
