@@ -176,7 +176,7 @@ def test_te_fused_norms_are_one_map_for_names_and_checkpoint_keys(tiny_dense):
 
 
 def test_fused_experts_of_transformers_5_unfuse_to_hub_names_and_back():
-    from mcore_dapo.bridge.qwen3 import hub_slices
+    from mcore_dapo.bridge.models.qwen3.table import hub_slices
 
     experts, inter, hidden = 3, 4, 5
     g = torch.Generator().manual_seed(0)

@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 def sync_bench(argv: list[str]) -> int:
     """``mcore-dapo sync-bench ARGV`` (its own parser, so the tool works whatever else the CLI has)."""
     from mcore_dapo.cli import user_errors
-    from mcore_dapo.cli.sync import add_commands
+    from mcore_dapo.cli.sync_bench import add_commands
 
     ap = argparse.ArgumentParser(prog="sync_bench_realwidth.py --")
     add_commands(ap.add_subparsers(dest="cmd", required=True))

@@ -9,7 +9,7 @@ from mcore_dapo.bridge.hf_config import HFModelConfig, load_hf_config
 from mcore_dapo.bridge.layout import Layout
 from mcore_dapo.bridge.mapping import Dims, Mapping, pattern_rx
 from mcore_dapo.bridge.megatron_config import padded_vocab_size
-from mcore_dapo.bridge.qwen3 import hf_sizes, qwen3_table
+from mcore_dapo.bridge.models.qwen3.table import hf_sizes, qwen3_table
 
 # the parts of the table a layer has, by whether it is an MoE layer
 _LAYER_PARTS = {False: ("common", "dense_mlp"), True: ("common", "moe")}

@@ -34,6 +34,10 @@ LAYOUT_FLAGS = ("tp", "pp", "ep", "etp")  # what every layout-taking command rea
 
 @dataclass(frozen=True)
 class Layout:
+    """The parallel sizes a model runs under (TP/PP/EP/ETP/CP/VPP): what every converter, worker, the engine
+    and the launchers take. Not to be confused with :class:`mcore_dapo.plan.layouts.PlanLayout`, the
+    planner's candidate: a Layout plus the uneven first/last pipeline stage sizes it weighs."""
+
     tp: int = 1
     pp: int = 1
     ep: int = 1

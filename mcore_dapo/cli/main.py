@@ -18,7 +18,7 @@ def _env(a) -> int:
 
 
 def _demo(a) -> int:
-    from mcore_dapo import demo
+    from mcore_dapo.harness import demo
 
     return demo.main(a.workdir, a.json)
 
@@ -26,7 +26,7 @@ def _demo(a) -> int:
 def _selfcheck(a) -> int:
     from pathlib import Path
 
-    from mcore_dapo.selfcheck import REAL_CONFIG, SelfCheck, markdown
+    from mcore_dapo.cli.selfcheck import REAL_CONFIG, SelfCheck, markdown
 
     check = SelfCheck(a.device, a.nproc, Path(a.workdir), a.budget_s, a.layers, Path(a.config or REAL_CONFIG),
                       progress=lambda line: print(line, file=sys.stderr, flush=True))
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mcore_dapo.cli.analysis import add_commands as analysis_commands
 
     analysis_commands(sub)
-    from mcore_dapo.cli.sync import add_commands as sync_commands
+    from mcore_dapo.cli.sync_bench import add_commands as sync_commands
 
     sync_commands(sub)
     from mcore_dapo.cli.tiny_dapo import add_commands as tiny_dapo_commands

@@ -19,7 +19,7 @@ failed step does not hide the others:
    bit-exact against the checkpoint, seconds, GB/s and the memcpy bound measured in the same run;
 6. ``rollout_sync``: the exporter's stream into the rollout engine itself (vLLM's CPU build, vLLM on CUDA,
    vllm-ascend) through verl's ``ServerAdapter.update_weights``, the engine started on dummy weights and
-   colocated with rank 0 (:mod:`mcore_dapo.harness.vllm_bench`): the engine's parameters equal the export
+   colocated with rank 0 (:mod:`mcore_dapo.harness.bench_vllm_sync`): the engine's parameters equal the export
    bit for bit, seconds, GB/s, and vLLM's log-probs against HF's on the same weights (< 1e-4 in fp32;
    reported, not judged, in bf16, where the two use different kernels);
 7. ``dapo_update``: one DAPO update through verl's engine path with this plugin's engine (packed
@@ -43,7 +43,7 @@ from typing import Callable
 from mcore_dapo.bridge import Bridge, Layout, load_hf_config
 from mcore_dapo.errors import UserError
 
-REAL_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "models" / "qwen3-30b-a3b"
+REAL_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "models" / "qwen3-30b-a3b"
 STEPS = ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "rollout_sync", "dapo_update")
 # rough lower bounds of each step's time (seconds) on an accelerator node / the CPU, for --budget-s
 NEEDS = {"model": (150, 10), "megatron_vs_hf": (60, 40), "convert_roundtrip": (120, 60), "export": (60, 30),
@@ -160,7 +160,7 @@ class SelfCheck:
                 "bit_exact": not differ, "first_difference": differ[0] if differ else None, "ok": not differ}
 
     def step_export(self) -> dict:
-        r = self._torchrun("mcore_dapo.harness.sync_bench",
+        r = self._torchrun("mcore_dapo.harness.bench_weight_sync",
                            ["--hf-path", str(self._model()), "--device", self.device, *self.layout.to_argv()])
         r["ok"] = bool(r["bit_exact"])
         return r
@@ -171,7 +171,7 @@ class SelfCheck:
             raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
         if importlib.util.find_spec("verl") is None:  # the weights go through verl's own ServerAdapter
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
-        r = self._torchrun("mcore_dapo.harness.vllm_bench",
+        r = self._torchrun("mcore_dapo.harness.bench_vllm_sync",
                            ["--hf-path", str(self._model()), "--device", self.device, "--repeat", "2",
                             *self.layout.to_argv()])
         r["logprob_tolerance"] = LOGPROB_TOLERANCE_FP32 if self.dtype == "fp32" else None

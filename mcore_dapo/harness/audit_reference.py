@@ -141,7 +141,7 @@ def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
     main weights after the same step: the share of elements more than one step of the engine dtype's
     spacing away (rounding to it alone is half a step), the largest difference, and the share of the
     engine's weights the update moved (``hf`` against ``hf-after``)."""
-    from mcore_dapo.bridge.qwen3 import hub_slices
+    from mcore_dapo.bridge.models.qwen3.table import hub_slices
     from mcore_dapo.harness.verl_dapo import beyond_one_step
     from mcore_dapo.io.hf_reader import HFReader
 

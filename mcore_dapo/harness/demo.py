@@ -78,7 +78,7 @@ def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
 
 
 def rollout_sync(hf_dir: Path, ref: Path) -> dict:
-    r = torchrun("mcore_dapo.harness.sync_check", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
+    r = torchrun("mcore_dapo.harness.check_weight_sync", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
                                                  *Layout(ep=2).to_argv()], 2)
     big = r["export_big"]
     return {

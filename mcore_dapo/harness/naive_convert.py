@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
-from mcore_dapo.bridge.qwen3 import hub_slices
+from mcore_dapo.bridge.models.qwen3.table import hub_slices
 from mcore_dapo.runtime.launch import peak_rss_mb
 
 

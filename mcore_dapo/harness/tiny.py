@@ -101,7 +101,7 @@ def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.bridge.qwen3 import hub_slices
+    from mcore_dapo.bridge.models.qwen3.table import hub_slices
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
     model.train()

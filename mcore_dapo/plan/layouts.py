@@ -20,6 +20,10 @@ from mcore_dapo.errors import UserError
 
 @dataclass(frozen=True)
 class PlanLayout:
+    """The planner's candidate: a :class:`~mcore_dapo.bridge.layout.Layout` (the parallel sizes everything
+    else runs under) with the layers of the first and last pipeline stages when they are uneven, and where
+    each rank's layers fall (:meth:`chunks`)."""
+
     layout: Layout
     first: int | None = None  # layers in the first pipeline stage (uneven split)
     last: int | None = None  # layers in the last pipeline stage

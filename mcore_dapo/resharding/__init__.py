@@ -12,7 +12,7 @@ per-tensor checksums after. See docs/RESHARDING.md.
 from mcore_dapo.resharding.comm import CollectiveCounter, Groups
 from mcore_dapo.resharding.export import DEFAULT_BUCKET_BYTES, Bucket, SyncStats, WeightExporter
 from mcore_dapo.resharding.receivers import HFQwen3MoeReceiver
-from mcore_dapo.resharding.sync import check_before_writing, sync_weights
+from mcore_dapo.resharding.transfer import check_before_writing, sync_weights
 from mcore_dapo.resharding.verify import ChecksumMismatch, check_receiver, checksum
 
 __all__ = [

@@ -5,10 +5,10 @@ HF transformers Qwen3 / Qwen3-MoE model the same interface (the rollout side
 of the CPU tests, and a reference consumer). transformers 5 holds the experts
 of a layer fused in memory while the names sent are the hub's per-expert ones;
 the receiver maps each hub name to its slice of the fused parameter
-(:func:`mcore_dapo.bridge.qwen3.hub_slices`). Models with per-expert modules
+(:func:`mcore_dapo.bridge.models.qwen3.table.hub_slices`). Models with per-expert modules
 (transformers 4) map one to one.
 
-Optional methods that :func:`~mcore_dapo.resharding.sync.sync_weights` uses
+Optional methods that :func:`~mcore_dapo.resharding.transfer.sync_weights` uses
 when a receiver has them: ``expected_weights()`` (hub name -> shape, checked
 before anything is written) and ``read_weight(name)`` (what the receiver holds
 now, in the hub layout, for checksums).
@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from mcore_dapo.bridge.qwen3 import hub_slices
+from mcore_dapo.bridge.models.qwen3.table import hub_slices
 from mcore_dapo.errors import UserError
 
 

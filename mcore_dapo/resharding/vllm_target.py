@@ -3,7 +3,7 @@
 vLLM's ``Qwen3MoeForCausalLM.load_weights`` (and ``Qwen3ForCausalLM``'s) consumes hub-named, full
 tensors, so the names and shapes it expects are those of the HF checkpoint of its config. They are
 derived here from the engine's own config with this project's bridge (the one name table), and
-compared with the trainer's export plan by :func:`~mcore_dapo.resharding.sync.check_before_writing`:
+compared with the trainer's export plan by :func:`~mcore_dapo.resharding.transfer.check_before_writing`:
 a different architecture, layer count, expert count or shape is refused, naming the first mismatch,
 before any weight reaches the engine.
 """
@@ -57,7 +57,7 @@ def expected_weights(hf_config: dict) -> dict[str, tuple[int, ...]]:
 class VllmTarget:
     """The receiver-side check for a vLLM engine: ``expected_weights()`` from the engine's config.
 
-    Used with :func:`~mcore_dapo.resharding.sync.check_before_writing` on the rank that feeds the
+    Used with :func:`~mcore_dapo.resharding.transfer.check_before_writing` on the rank that feeds the
     engine (the others pass ``None``); the weights themselves go through verl's rollout
     (``ServerAdapter.update_weights``) or any ``load_weights``.
     """
