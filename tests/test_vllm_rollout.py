@@ -104,6 +104,6 @@ def test_device_engine_options_name_rays_own_resources():
     hf = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight": torch.full((2, 3), float(e)) for e in range(2)
           for p in ("gate", "up", "down")}
     hf.update({f"model.layers.0.self_attn.{p}_proj.weight": torch.zeros(3, 3) for p in "qkvo"})
-    out = vllm_layout(hf, {"num_hidden_layers": 1, "num_experts": 2}, "experts.")
+    out = vllm_layout(hf, {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1, "num_experts": 2}, "experts.")
     assert out["model.layers.0.mlp.experts.w13_weight"].shape == (2, 4, 3)
     assert out["model.layers.0.mlp.experts.w2_weight"][1].eq(1).all()

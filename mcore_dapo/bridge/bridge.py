@@ -9,10 +9,16 @@ from mcore_dapo.bridge.hf_config import HFModelConfig, load_hf_config
 from mcore_dapo.bridge.layout import Layout
 from mcore_dapo.bridge.mapping import Dims, Mapping, pattern_rx
 from mcore_dapo.bridge.megatron_config import padded_vocab_size
-from mcore_dapo.bridge.models.qwen3.table import hf_sizes, qwen3_table
+from mcore_dapo.bridge.models import get_model
 
 # the parts of the table a layer has, by whether it is an MoE layer
 _LAYER_PARTS = {False: ("common", "dense_mlp"), True: ("common", "moe")}
+
+
+def layer_mappings(table: list[Mapping], cfg: HFModelConfig, layer: int) -> list[Mapping]:
+    """The table's mappings that layer ``layer`` has (its MLP's part: dense or MoE), table order."""
+    parts = _LAYER_PARTS[cfg.is_moe_layer(layer)]
+    return [m for m in table if m.per_layer and m.part in parts]
 
 
 @dataclass(frozen=True)
@@ -25,7 +31,8 @@ class Resolved:
 
 
 class Bridge:
-    """HF <-> Megatron mapping for one model config and tensor-parallel size."""
+    """HF <-> Megatron mapping for one model config and tensor-parallel size (the model's table: its spec,
+    :func:`mcore_dapo.bridge.models.get_model`)."""
 
     def __init__(self, cfg: HFModelConfig, layout: Layout = Layout(), make_vocab_size_divisible_by: int | None = None):
         self.cfg = cfg
@@ -37,7 +44,8 @@ class Bridge:
             vocab_size=cfg.vocab_size,
             padded_vocab_size=padded_vocab_size(cfg.vocab_size, layout.tp, make_vocab_size_divisible_by),
         )
-        self.table, self.copies = qwen3_table(cfg.tie_word_embeddings)
+        self.spec = get_model(cfg)
+        self.table, self.copies = self.spec.table(cfg.tie_word_embeddings)
         self._megatron_rx = [(pattern_rx(m.megatron), m) for m in self.table]
         self._hf_rx = [(pattern_rx(p), m, i) for m in self.table for i, p in enumerate(m.hf)]
 
@@ -68,8 +76,7 @@ class Bridge:
         raise KeyError(f"no Megatron mapping for HF tensor {hf_name!r}")
 
     def _layer_mappings(self, layer: int) -> list[Mapping]:
-        parts = _LAYER_PARTS[self.cfg.is_moe_layer(layer)]
-        return [m for m in self.table if m.per_layer and m.part in parts]
+        return layer_mappings(self.table, self.cfg, layer)
 
     def _layer_resolved(self, layer: int) -> list[Resolved]:
         """A layer's tensors, table order, an expert mapping's experts one after the other."""
@@ -89,7 +96,7 @@ class Bridge:
 
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every HF tensor with the shape the config implies, in checkpoint order (each expert's tensors together)."""
-        sizes, out = hf_sizes(self.cfg), {}
+        sizes, out = self.spec.hf_sizes(self.cfg), {}
         for block in self._blocks:
             for r in sorted(block, key=lambda r: -1 if r.expert is None else r.expert):
                 out.update(zip(r.hf, r.mapping.hf_shapes(sizes)))

@@ -1,8 +1,7 @@
-"""Read a Hugging Face ``config.json`` of Qwen3 / Qwen3-MoE into one normalised record.
+"""Read a Hugging Face ``config.json`` into one normalised record, :class:`HFModelConfig`.
 
-transformers writes some fields under two spellings depending on its version:
-``num_experts`` (4.x) and ``num_local_experts`` (5.x), ``rope_theta`` (4.x) and
-``rope_parameters.rope_theta`` (5.x), ``torch_dtype`` and ``dtype``. Everything
+Each registered model reads its own config (``bridge/models/<model>/hf_config.py``: the spellings of
+each transformers version, the refusals); :func:`parse_hf_config` picks it by ``model_type``. Everything
 downstream reads :class:`HFModelConfig`, never the raw dictionary.
 """
 
@@ -13,8 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from mcore_dapo.errors import UserError
-
-SUPPORTED_MODEL_TYPES = ("qwen3_moe", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -62,7 +59,8 @@ class HFModelConfig:
         return d
 
 
-def _first(raw: dict, *names, default=None):
+def first(raw: dict, *names, default=None):
+    """The first of ``names`` that ``raw`` holds (not None), else ``default``: a field spelled two ways."""
     for n in names:
         if n in raw and raw[n] is not None:
             return raw[n]
@@ -80,66 +78,16 @@ def config_path(path: str | Path) -> Path:
 
 
 def parse_hf_config(raw: dict) -> HFModelConfig:
+    """config.json (a dict) -> :class:`HFModelConfig`, read by the registered model of its ``model_type``
+    (:mod:`mcore_dapo.bridge.models`)."""
+    from mcore_dapo.bridge.models import model_types, specs
+
     model_type = raw.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise UserError(
-            f"model_type={model_type!r} is not supported: accepted are {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if raw.get("use_sliding_window") and raw.get("sliding_window"):
-        raise UserError(
-            f"use_sliding_window=True (sliding_window={raw.get('sliding_window')}) is not supported: "
-            "only full attention is mapped to Megatron"
-        )
-    if raw.get("shared_expert_intermediate_size"):
-        raise UserError(
-            "shared_expert_intermediate_size="
-            f"{raw['shared_expert_intermediate_size']} is not supported: Qwen3-MoE has no shared expert"
-        )
-    if raw.get("rope_scaling") or (raw.get("rope_parameters") or {}).get("rope_type", "default") != "default":
-        rp = raw.get("rope_scaling") or raw.get("rope_parameters")
-        raise UserError(f"rope scaling {rp!r} is not supported: accepted is plain RoPE (rope_type 'default')")
-    act = raw.get("hidden_act", "silu")
-    if act != "silu":
-        raise UserError(f"hidden_act={act!r} is not supported: accepted is 'silu' (SwiGLU)")
-    rope = raw.get("rope_parameters") or {}
-    try:
-        hidden = int(raw["hidden_size"])
-        heads = int(raw["num_attention_heads"])
-        num_experts = int(_first(raw, "num_experts", "num_local_experts", default=0)) if model_type == "qwen3_moe" else 0
-        cfg = HFModelConfig(
-            model_type=model_type,
-            vocab_size=int(raw["vocab_size"]),
-            hidden_size=hidden,
-            num_layers=int(raw["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(_first(raw, "num_key_value_heads", default=heads)),
-            head_dim=int(_first(raw, "head_dim", default=hidden // heads)),
-            intermediate_size=int(raw["intermediate_size"]),
-            rms_norm_eps=float(_first(raw, "rms_norm_eps", default=1e-6)),
-            rope_theta=float(_first(rope, "rope_theta", default=_first(raw, "rope_theta", default=10000.0))),
-            max_position_embeddings=int(_first(raw, "max_position_embeddings", default=4096)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            attention_bias=bool(raw.get("attention_bias", False)),
-            dtype=str(_first(raw, "dtype", "torch_dtype", default="bfloat16")),
-            num_experts=num_experts,
-            num_experts_per_tok=int(raw.get("num_experts_per_tok", 0)) if num_experts else 0,
-            moe_intermediate_size=int(raw.get("moe_intermediate_size", 0)) if num_experts else 0,
-            norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-            router_aux_loss_coef=float(raw.get("router_aux_loss_coef", 0.0) or 0.0),
-            decoder_sparse_step=int(raw.get("decoder_sparse_step", 1) or 1),
-            mlp_only_layers=tuple(int(x) for x in (raw.get("mlp_only_layers") or [])),
-            raw=dict(raw),
-        )
-    except KeyError as e:
-        raise UserError(f"config.json lacks the field {e.args[0]!r} that a {model_type} config must have") from None
-    if cfg.attention_bias:
-        raise UserError("attention_bias=True is not supported: Qwen3 attention has no bias")
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise UserError(
-            f"num_key_value_heads={cfg.num_key_value_heads} does not divide "
-            f"num_attention_heads={cfg.num_attention_heads}"
-        )
-    return cfg
+    accepted = model_types()
+    if model_type not in accepted:
+        raise UserError(f"model_type={model_type!r} is not supported: accepted are {', '.join(accepted)}")
+    spec = next(s for s in specs() if model_type in s.model_types)
+    return spec.parse_config(raw)
 
 
 def load_hf_config(path: str | Path) -> HFModelConfig:

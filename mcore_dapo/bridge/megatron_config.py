@@ -1,5 +1,8 @@
 """HF config -> Megatron-core ``TransformerConfig`` settings and ``GPTModel`` arguments.
 
+The fields every model shares (sizes, layout, dtype, dispatcher, MoE sizes) are set here; the model's own
+(normalization, biases, rotary embedding, activation) come from its spec (``bridge/models/<model>/megatron.py``).
+
 Kept as plain dictionaries first (:func:`transformer_config_kwargs`,
 :func:`gpt_model_kwargs`) so that the mapping can be read and tested without
 importing Megatron; :func:`build_transformer_config` makes the real object.
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 from mcore_dapo.bridge.hf_config import HFModelConfig
 from mcore_dapo.bridge.layout import Layout
+from mcore_dapo.bridge.models import get_model
 from mcore_dapo.errors import UserError
 
 DISPATCHERS = ("alltoall", "allgather")
@@ -60,6 +64,7 @@ def transformer_config_kwargs(
         raise UserError(f"dispatcher={dispatcher!r} is not accepted: accepted are {', '.join(DISPATCHERS)}")
     if recompute not in ("none", "full", "selective"):
         raise UserError(f"recompute={recompute!r} is not accepted: accepted are none, full, selective")
+    spec = get_model(cfg)
     if sequence_parallel is None:
         # Megatron's MoE layer requires sequence parallelism whenever TP > 1 in training.
         sequence_parallel = layout.tp > 1
@@ -70,12 +75,7 @@ def transformer_config_kwargs(
         num_query_groups=cfg.num_key_value_heads,
         kv_channels=cfg.head_dim,
         ffn_hidden_size=cfg.intermediate_size,
-        normalization="RMSNorm",
-        layernorm_epsilon=cfg.rms_norm_eps,
-        gated_linear_unit=True,
-        add_bias_linear=False,
-        add_qkv_bias=False,
-        qk_layernorm=True,
+        **spec.transformer_config(cfg),  # the model's own: normalization, biases, qk layernorm, router
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=float(cfg.raw.get("initializer_range", 0.02)),
@@ -106,14 +106,10 @@ def transformer_config_kwargs(
             num_moe_experts=cfg.num_experts,
             moe_router_topk=cfg.num_experts_per_tok,
             moe_ffn_hidden_size=cfg.moe_intermediate_size,
-            # norm_topk_prob: softmax over the top-k logits == renormalised top-k of the softmax
-            moe_router_pre_softmax=not cfg.norm_topk_prob,
-            moe_router_score_function="softmax",
             moe_router_load_balancing_type="aux_loss" if (aux_loss_coeff if aux_loss_coeff is not None else cfg.router_aux_loss_coef) > 0 else "none",
             moe_aux_loss_coeff=cfg.router_aux_loss_coef if aux_loss_coeff is None else aux_loss_coeff,
             moe_grouped_gemm=grouped_gemm,
             moe_layer_freq=moe_layer_pattern(cfg),
-            moe_router_dtype="fp32",
         )
     if recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -127,9 +123,7 @@ def gpt_model_kwargs(cfg: HFModelConfig, layout: Layout, *, make_vocab_size_divi
     return dict(
         vocab_size=padded_vocab_size(cfg.vocab_size, layout.tp, make_vocab_size_divisible_by),
         max_sequence_length=cfg.max_position_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(cfg.rope_theta),
-        rotary_percent=1.0,
+        **get_model(cfg).gpt_model(cfg),  # the model's own: position embedding
         share_embeddings_and_output_weights=cfg.tie_word_embeddings,
         parallel_output=True,
     )
@@ -186,7 +180,7 @@ def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict
     if isinstance(kw["params_dtype"], str):
         kw["params_dtype"] = getattr(torch, kw["params_dtype"])
     kw["pipeline_dtype"] = kw["params_dtype"]
-    kw["activation_func"] = F.silu
+    kw["activation_func"] = getattr(F, get_model(cfg).activation)
     if isinstance(kw.get("attention_backend"), str):  # verl's spelling, and the device adapters' fast paths
         from megatron.core.transformer.enums import AttnBackend
 

