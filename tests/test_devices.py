@@ -198,3 +198,25 @@ def test_the_adapters_answer_what_a_vllm_engine_beside_the_trainer_needs():
             cpu.check_rollout_model(16)
         cpu.check_rollout_model(32)
     assert cpu.device_identity() is None and npu.device_identity() is None
+
+
+def test_no_branch_on_a_devices_name_outside_the_device_places():
+    """Callers ask the adapter; a device's name is compared only in devices/, in the patches of patching/ (each
+    for its device) and in verl_cpu/ (verl on the CPU). Text only: every module of the package and tools/."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    name = r"""["'](?:cpu|cuda|npu)["']"""
+    branch = re.compile(rf"""[!=]=\s*{name}|{name}\s*[!=]=|\bin\s*\(\s*{name}""")
+    allowed = ("mcore_dapo/devices/", "mcore_dapo/patching/", "mcore_dapo/verl_cpu/")
+    found = []
+    for f in sorted([*(root / "mcore_dapo").rglob("*.py"), *(root / "tools").rglob("*.py")]):
+        rel = f.relative_to(root).as_posix()
+        if rel.startswith(allowed):
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if branch.search(code) and ".device.type" not in code:  # a tensor's placement is not the device's name
+                found.append(f"{rel}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)

@@ -51,16 +51,15 @@ def register() -> None:
         from mcore_dapo.harness.audit import audited
 
         cls = audited(cls)
-    classes = {"cpu": cpu_engine_class(cls), "device": cls}
-    keys = [dict(device="cpu")]
+    # verl's registry keys: its cpu device (no vendor), and (device, vendor) looked up before verl's own
+    table = [(dict(device="cpu"), cpu_engine_class(cls))]
     if os.environ.get("MCORE_DAPO_VERL_ENGINE", "1") != "0":
-        keys += [dict(device="cuda", vendor="nvidia"), dict(device="npu", vendor="huawei")]
-    for key in keys:
-        cls = classes["cpu" if key["device"] == "cpu" else "device"]
+        table += [(dict(device="cuda", vendor="nvidia"), cls), (dict(device="npu", vendor="huawei"), cls)]
+    for key, engine_cls in table:
         registry = EngineRegistry._engines.get("language_model", {}).get("megatron", {})
         k = (key["device"], key["vendor"]) if "vendor" in key else key["device"]
         if k not in registry:
-            EngineRegistry.register(model_type="language_model", backend="megatron", **key)(cls)
+            EngineRegistry.register(model_type="language_model", backend="megatron", **key)(engine_cls)
     _registered = True
 
 
