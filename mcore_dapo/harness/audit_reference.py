@@ -1,4 +1,4 @@
-"""Recompute the steps written by the engine's audit (:mod:`mcore_dapo.verl_plugin.audit`) on an HF model.
+"""Recompute the steps written by the engine's audit (:mod:`mcore_dapo.harness.audit`) on an HF model.
 
 ``python -m mcore_dapo.harness.audit_reference D [--dtype bfloat16]`` prints, for every ``D/step-N/``, the engine's
 loss and gradient norm and those of the same update computed in one process on the HF transformers model
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.verl_plugin.audit import FIELDS, ROUTES
+from mcore_dapo.harness.audit import FIELDS, ROUTES
 
 
 class ForcedRoutes:
@@ -26,7 +26,7 @@ class ForcedRoutes:
     one a rollout never fed back) keep their own routing. ``routes=None``: no forcing."""
 
     def __init__(self, model):
-        from mcore_dapo.verl_plugin.rollout_cpu import moe_gates
+        from mcore_dapo.verl_cpu.rollout import moe_gates
 
         self.gates = moe_gates(model)
         self.routes = None
