@@ -239,6 +239,19 @@ def test_a_save_killed_before_the_tracker_leaves_both_checkpoints_whole(reshard)
     assert sorted([*record["files"], RESUME_FILE]) == after["step2_files"]
 
 
+def test_the_remote_copy_is_the_complete_checkpoint_with_its_record(reshard):
+    """``trainer.default_hdfs_dir``: verl uploads as its save ends, before the engine's record is written; the
+    copy is made of the checkpoint once complete, every file the same, its record included."""
+    from mcore_dapo.verl_plugin.checkpoint import RESUME_FILE
+
+    work = reshard[2]
+    local, remote = work / "global_step_1" / "actor", work / "remote" / "global_step_1" / "actor"
+    files = sorted(str(p.relative_to(local)) for p in local.rglob("*") if p.is_file())
+    assert RESUME_FILE in files and any(f.startswith("optimizer/") for f in files)
+    assert sorted(str(p.relative_to(remote)) for p in remote.rglob("*") if p.is_file()) == files
+    assert all((remote / f).read_bytes() == (local / f).read_bytes() for f in files)
+
+
 def test_the_checkpoints_hf_weights_load_in_transformers_and_are_the_engines(reshard):
     import torch
     from transformers import AutoModelForCausalLM
@@ -354,7 +367,7 @@ def test_resuming_another_model_is_refused_before_ray(reshard, tmp_path):
 
 def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
     from mcore_dapo.errors import UserError
-    from mcore_dapo.verl_plugin.checkpoint import check
+    from mcore_dapo.verl_plugin.checkpoint import check, optimizer_format
 
     work = reshard[2]
     here = here_record(work)
@@ -373,7 +386,10 @@ def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
     here = {**here_record(work), "layout": {**here_record(work)["layout"], "tp": 2}}
     with pytest.raises(UserError) as e:
         check(copy, here)
-    assert "dp_reshardable" in str(e.value) and "only under the layout that wrote it" in str(e.value)
+    # the engine saves and loads its line's reshardable format only (checkpoint.readable_formats)
+    msg = str(e.value)
+    assert "\n" not in msg and "Megatron's dp_reshardable format" in msg
+    assert f"accepted here: {optimizer_format(True)}" in msg and "resume on that line" not in msg
 
 
 def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_checkpoint(reshard, tmp_path):

@@ -185,7 +185,8 @@ def save_run(a) -> dict:
     worker, engine, batches = start(a, a.tp, a.pp, a.ep)
     first = update(worker, engine, *batches[BATCH_A])
     t = time.perf_counter()
-    engine.save_checkpoint(str(folder), global_step=1)
+    # trainer.default_hdfs_dir's copy (verl's hdfs_io copies local paths too)
+    engine.save_checkpoint(str(folder), hdfs_path=str(work / "remote" / "global_step_1" / "actor"), global_step=1)
     save_s = time.perf_counter() - t
     write_tracker(work, 1)
     at_save = export(engine)

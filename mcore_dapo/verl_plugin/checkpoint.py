@@ -44,7 +44,6 @@ FORMAT = "mcore-dapo/verl-checkpoint/1"
 # is not supported."), and 'fsdp_dtensor' is Megatron-FSDP's. 0.12.1 has 'dp_zero_gather_scatter',
 # 'fully_sharded_bucket_space' and 'fully_sharded_model_space' (reshardable, and verl's choice below 0.14).
 NEW_LINE_FORMAT, OLD_LINE_FORMAT = "fully_reshardable", "fully_sharded_model_space"
-RESHARDABLE = {"fully_reshardable", "fully_sharded_model_space", "fsdp_dtensor"}
 # the model fields a checkpoint must share with the model it is loaded into
 MODEL_FIELDS = ("model_type", "vocab_size", "padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
@@ -187,11 +186,12 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
     if load_optimizer and fmt and fmt not in readable_formats():
         from mcore_dapo import versions
 
+        here_v, writer = versions.installed("megatron-core"), (record.get("written_by") or {}).get("megatron-core")
+        other_line = writer is not None and writer.split(".")[:2] != here_v.split(".")[:2]
         raise UserError(f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which "
-                        f"megatron-core {versions.installed('megatron-core')} does not read (written by megatron-core "
-                        f"{(record.get('written_by') or {}).get('megatron-core')}; accepted here: "
-                        f"{', '.join(sorted(readable_formats()))}): resume on that line, or load the "
-                        "weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+                        f"megatron-core {here_v} does not read (written by megatron-core {writer}; accepted here: "
+                        f"{', '.join(sorted(readable_formats()))}): {'resume on that line, or ' if other_line else ''}"
+                        "load the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
     there, now = record["layout"], here["layout"]
     if load_optimizer and (record.get("optimizer") or {}).get("distributed") and \
             (there.get("ep", 1) > 1) != (now.get("ep", 1) > 1):
@@ -203,13 +203,7 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
             "keeps the experts' optimizer apart from the others, with EP = 1 not, and the optimizer state of one does "
             f"not load into the other; accepted here: EP {'> 1' if there.get('ep', 1) > 1 else '= 1'}, or the weights "
             "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
-    keys = ("tp", "pp", "ep", "etp", "cp", "vpp", "world_size")
-    if load_optimizer and any(there.get(k) != now.get(k) for k in keys):
-        if (record.get("optimizer") or {}).get("distributed") and fmt not in RESHARDABLE:
-            raise UserError(
-                f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which loads only "
-                f"under the layout that wrote it ({_layout(there)}), not {_layout(now)}: resume under that layout, "
-                "or load the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+    # the format read (above) is this line's reshardable one: another TP/PP/EP/ETP/DP layout takes it
     if load_optimizer and bool((record.get("optimizer") or {}).get("distributed")) != bool(here["optimizer"]["distributed"]):
         # under the same layout too: the two optimizers' states are laid out differently
         raise UserError(f"checkpoint {folder} was written with use_distributed_optimizer="
@@ -328,8 +322,9 @@ def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_
         partial.parent.mkdir(parents=True, exist_ok=True)
     dist.barrier()
     # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save; here only once
-    # the new one is complete (below)
-    save(str(partial), hdfs_path, global_step, None)
+    # the new one is complete (below). verl uploads to hdfs_path as its save ends (_finalize_save), before the
+    # record exists: here the complete checkpoint is uploaded, record included (below)
+    save(str(partial), None, global_step, None)
     if mgr.previous_saved_paths and mgr.previous_saved_paths[-1] == str(partial):
         mgr.previous_saved_paths.pop()
     engine.on_checkpoint("save", global_step)
@@ -345,6 +340,11 @@ def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_
             os.fsync(f.fileno())
         tmp.rename(partial / RESUME_FILE)
         output.finish(partial, final, overwrite=True)  # a complete checkpoint of the same step is replaced
+        if hdfs_path is not None:  # as verl's _finalize_save: one recursive copy on rank 0
+            from verl.utils import hdfs_io
+
+            hdfs_io.makedirs(hdfs_path, exist_ok=True)
+            hdfs_io.copy(src=str(final), dst=hdfs_path, dirs_exist_ok=True)
     dist.barrier()
     mgr.register_checkpoint(str(final), max_ckpt_to_keep)
 
