@@ -92,6 +92,25 @@ def test_summarize_prefers_a_user_mistake_anywhere_then_the_earliest_rank():
     assert failures.summarize([], "starting\nKilled\n").line == "Killed"
 
 
+def test_a_worker_without_a_record_is_its_tracebacks_exception_also_without_a_message():
+    """A worker that records no failure (a harness ending in finish_worker): the log's first traceback gives the
+    line, also for an exception without a message (``next()`` of an empty iterator), not torchrun's summary."""
+    log = "\n".join([
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "w.py", line 3, in <module>',
+        "[rank0]:     folder = next(iter(()))",
+        "[rank0]:              ^^^^^^^^^^^^^^",
+        "[rank0]: StopIteration",
+        "Traceback (most recent call last):",
+        '  File "run.py", line 9, in <module>',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+    ])
+    assert failures.summarize([], log).line == "rank 0: StopIteration"
+    keyed = log.replace("[rank0]: StopIteration", "[rank0]: KeyError: 'step'")
+    assert failures.summarize([], keyed).line == "rank 0: KeyError: 'step'"
+
+
 def test_the_cli_prints_a_failed_launch_as_one_line(capsys):
     from mcore_dapo.cli import user_errors
 

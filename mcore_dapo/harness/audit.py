@@ -20,6 +20,8 @@ For tiny models: the weights are written at every step.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 from pathlib import Path
@@ -48,6 +50,20 @@ def audited(cls):
 
     Audited.__name__ = Audited.__qualname__ = f"Audited{cls.__name__}"
     return Audited
+
+
+@contextlib.contextmanager
+def auditing(engine, root):
+    """This engine's updates audited into ``root`` while the context lasts (an engine registered without the
+    audit: the harnesses that audit one update of several)."""
+    train_batch = engine.train_batch
+    os.environ[ENV] = str(root)
+    engine.train_batch = functools.partial(audited_train_batch, engine, train_batch)
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None)
+        del engine.train_batch  # the class's own again
 
 
 def _pieces(v) -> list[torch.Tensor]:

@@ -180,6 +180,7 @@ def run(a) -> dict:
         result = {"loss": float(scalar["loss"]), "grad_norm": float(scalar["grad_norm"]),
                   "metrics": {k: float(v) for k, v in scalar.items() if isinstance(v, (int, float))},
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
+                  "engine_classes": [c.__name__ for c in type(engine).__mro__ if c.__module__.startswith("mcore_dapo")],
                   "layout": engine.mapping.layout.describe(), "tensors_synced": len(received),
                   # what the engine built from verl's model keys (model_settings): full recompute by default
                   "recompute": [engine.tf_config.recompute_granularity, engine.tf_config.recompute_method,
@@ -300,8 +301,6 @@ def replay_run(a) -> dict:
     replay in update_actor), then R3 with routes of an HF model in the rollout's format."""
     import torch.distributed as dist
 
-    import os
-
     from mcore_dapo.harness import audit
     from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
     from mcore_dapo.verl_cpu.rollout import RouteRecorder
@@ -351,11 +350,8 @@ def replay_run(a) -> dict:
     td["routed_experts"] = routed
     # the audit writes the perturbed weights, the batch with its routes and the grad norm: the same
     # update is recomputed below on the HF model with the recorded routes forced (and without)
-    os.environ[audit.ENV] = str(Path(a.work) / "audit-r2")
-    try:
+    with audit.auditing(engine, Path(a.work) / "audit-r2"):
         metrics = update(td) or {}
-    finally:
-        os.environ.pop(audit.ENV)
     result["r2_update_vs_recorded"] = metrics.get(REPLAYED)
     result["r2_loss"] = _scalar(metrics.get("loss"))
     result["r2_grad_norm"] = _scalar(metrics.get("grad_norm"))

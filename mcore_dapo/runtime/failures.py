@@ -87,9 +87,37 @@ def exception_in_text(text: str, last: bool = False) -> str | None:
     if start < 0:
         return None
     m = EXCEPTION_LINE.search(text, start)
-    if not m:
-        return None
-    return f"{f'rank {m.group(1)}: ' if m.group(1) else ''}{m.group(2).rsplit('.', 1)[-1]}: {m.group(3)}"
+    if m and not _bare_exception(text, start, before=m.start()):
+        return f"{f'rank {m.group(1)}: ' if m.group(1) else ''}{m.group(2).rsplit('.', 1)[-1]}: {m.group(3)}"
+    bare = _bare_exception(text, start)
+    if bare:
+        return bare
+    return None
+
+
+RANK_PREFIX = re.compile(r"^\[rank(\d+)\]: ?")
+EXCEPTION_NAME = re.compile(r"^([A-Za-z_][\w.]*)(?::\s*(.*?))?\s*$")
+
+
+def _bare_exception(text: str, start: int, before: int | None = None) -> str | None:
+    """The exception line closing the traceback that starts at ``start``, also one without a message (``raise
+    StopIteration``, ``KeyError: ''``); None if that traceback's last line is not one (or lies past ``before``)."""
+    offset = start
+    for raw in text[start:].splitlines(keepends=True)[1:]:
+        offset_here, offset = offset, offset + len(raw)
+        if before is not None and offset_here >= before:
+            return None
+        line = raw.rstrip("\n")
+        prefix = RANK_PREFIX.match(line)
+        body = line[prefix.end():] if prefix else line
+        if not body.strip() or body[0].isspace():
+            continue  # a frame, its source line, the carets
+        m = EXCEPTION_NAME.match(body)
+        if not m:
+            return None
+        rank = f"rank {prefix.group(1)}: " if prefix else ""
+        return f"{rank}{m.group(1).rsplit('.', 1)[-1]}{': ' + m.group(2) if m.group(2) else ''}"
+    return None
 
 
 def record(exc: BaseException) -> None:
