@@ -1,5 +1,5 @@
-"""The plugin's Megatron engine on the CPU: :class:`~mcore_dapo.verl_plugin.engine` with the three places
-where verl 0.9.1's ``MegatronEngine`` tells the device from the host by name.
+"""The plugin's Megatron engine on the CPU: :mod:`mcore_dapo.verl_plugin.engine`'s ``McoreDapoEngine`` where
+verl 0.9.1's ``MegatronEngine`` tells the device from the host by name.
 
 verl's ``MegatronEngine.to`` loads for ``device == get_device_name()`` and offloads for ``"cpu"``; its
 ``save_checkpoint`` asks where the module lives and loads the DDP buffers back
