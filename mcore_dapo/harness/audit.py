@@ -29,12 +29,9 @@ from pathlib import Path
 import torch
 
 from mcore_dapo.verl_plugin.engine import AUDIT_ENV as ENV
+
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
-
-
-def enabled() -> bool:
-    return bool(os.environ.get(ENV))
 
 
 def audited(cls):
