@@ -151,6 +151,8 @@ LAYOUT_REL = 1e-2
 def reshard(tiny_moe, tmp_path_factory):
     from verl.utils.checkpoint.checkpoint_manager import find_latest_ckpt_path
 
+    from mcore_dapo.bridge.layout import Layout
+    from mcore_dapo.convert.api import hf2mcore
     from mcore_dapo.harness.reshard_resume import launch
     from mcore_dapo.verl_plugin import checkpoint
 
@@ -170,7 +172,10 @@ def reshard(tiny_moe, tmp_path_factory):
                         if step2.is_dir() else None,
                         "partial": checkpoint.partial_path(step2).is_dir()}
 
-    out = {"save": launch("save", tiny_moe, work, ep=2, kill_in_save="optimizer", timeout=900)}
+    # hf2mcore's torch_dist checkpoint: the start of the save launch's engine with use_dist_checkpointing=True
+    hf2mcore(tiny_moe, work / "dist-start", Layout(ep=2), progress=False)
+    out = {"save": launch("save", tiny_moe, work, ep=2, kill_in_save="optimizer", timeout=900,
+                          extra=("--dist-start", str(work / "dist-start")))}
     state("optimizer")
     out["tp2"] = launch("resume", tiny_moe, work, tp=2, ep=2, kill_in_save="model", timeout=900)
     state("model")
@@ -295,18 +300,14 @@ def test_the_checkpoints_hf_weights_give_the_engines_log_probs(reshard):
 
 
 @pytest.fixture(scope="module")
-def dist_model(tiny_moe, tmp_path_factory):
-    """The engine with ``megatron.use_dist_checkpointing=True``: its weights from ``hf2mcore``'s torch_dist
-    checkpoint, one update, a save that writes the Megatron model beside the HF weights (the launch scripts keep
-    verl's default, False: their checkpoints hold the HF weights alone, tested above), and ``mcore2hf`` of that
-    Megatron model."""
-    from mcore_dapo.bridge.layout import Layout
-    from mcore_dapo.convert.api import hf2mcore, mcore2hf
-    from mcore_dapo.harness.reshard_resume import launch
+def dist_model(reshard, tiny_moe):
+    """The save launch's engine with ``megatron.use_dist_checkpointing=True``: its weights from ``hf2mcore``'s
+    torch_dist checkpoint, one update, a save that writes the Megatron model beside the HF weights (the launch
+    scripts keep verl's default, False: their checkpoints hold the HF weights alone, tested above); then
+    ``mcore2hf`` of that Megatron model."""
+    from mcore_dapo.convert.api import mcore2hf
 
-    work = tmp_path_factory.mktemp("dist-model")
-    hf2mcore(tiny_moe, work / "start", Layout(ep=2), progress=False)
-    out = launch("dist_model", tiny_moe, work, ep=2, extra=("--checkpoint", str(work / "start")), timeout=900)
+    out, work = reshard[0]["save"]["dist_model"], reshard[2] / "dist-model"
     model = work / "global_step_1" / "actor" / "model"
     mcore2hf(model / "dist_ckpt", work / "converted", hf_config=tiny_moe, nproc=2, progress=False)
     return out, work, model
@@ -319,7 +320,7 @@ def test_mcore2hf_of_the_checkpoints_megatron_model_is_its_hf_weights_bit_for_bi
 
     out, work, model = dist_model
     assert any(f.startswith("model/dist_ckpt/") for f in out["files"])
-    saved = torch.load(work / "dist_model.pt", weights_only=False)
+    saved = torch.load(work / "weights.pt", weights_only=False)
     with HFReader(work / "converted") as conv, HFReader(model / "huggingface") as hf, HFReader(tiny_moe) as start:
         assert sorted(conv.keys()) == sorted(hf.keys()) == sorted(saved["at_save"])
         differ = [n for n in hf.keys() if not torch.equal(conv.get(n), hf.get(n))]

@@ -10,8 +10,10 @@ optimizer, verl's LR scheduler restored from the checkpoint as the launch script
 (the export, bf16) are written to ``W``. In the same processes two more workers load the checkpoint
 under the same layout: one with everything (its update 2 must be the uninterrupted one exactly), one with
 the weights and RNG alone (``checkpoint.load_contents=[model, extra]``: a fresh Adam, the control that
-shows how far an update lands without the optimizer state). ``resume`` (another layout): load, update 2,
-compared with the uninterrupted run's.
+shows how far an update lands without the optimizer state). With ``--dist-start C``, a fourth worker starts
+from the torch_dist checkpoint ``C`` with ``megatron.use_dist_checkpointing=True`` and saves the Megatron model
+beside the HF weights (:func:`dist_model_save`). ``resume`` (another layout): load, update 2, compared with
+the uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -211,6 +213,8 @@ def save_run(a) -> dict:
         r = update(w2, e2, *b2[BATCH_B])
         out[name] = {"update": r, "loaded_vs_saved": against(loaded, at_save), "restored_differ": _all_ranks(restored),
                      "weights": against(export(e2), want, at_save)}
+    if a.dist_start:  # in the same processes: the engine started from a torch_dist checkpoint
+        out["dist_model"] = dist_model_save(a)
     return out if rank == 0 else None
 
 
@@ -275,26 +279,27 @@ def bench_run(a) -> dict:
     return None
 
 
-def dist_model_run(a) -> dict:
-    """An engine with ``megatron.use_dist_checkpointing=True`` (its weights from the torch_dist checkpoint
-    ``--checkpoint``, as ``mcore-convert hf2mcore`` writes it): one update, then a save with
+def dist_model_save(a) -> dict:
+    """An engine with ``megatron.use_dist_checkpointing=True``, its weights from the torch_dist checkpoint
+    ``--dist-start`` (as ``mcore-convert hf2mcore`` writes it): one update, then a save with
     ``save_contents=[model, hf_model, optimizer, extra]``, which writes the Megatron model (``model/dist_ckpt``)
-    beside its HF weights (``model/huggingface``); the engine's export at the save is written to ``W``."""
+    beside its HF weights (``model/huggingface``) under ``W/dist-model``; the engine's weights as loaded and
+    at the save are written there too."""
     import torch.distributed as dist
 
-    folder = Path(a.work) / "global_step_1" / "actor"
+    work = Path(a.work) / "dist-model"
+    folder = work / "global_step_1" / "actor"
     worker, engine, batches = start(a, a.tp, a.pp, a.ep, (
-        f"{A}.megatron.use_dist_checkpointing=True", f"{A}.megatron.dist_checkpointing_path={a.checkpoint}",
+        f"{A}.megatron.use_dist_checkpointing=True", f"{A}.megatron.dist_checkpointing_path={a.dist_start}",
         f"{A}.checkpoint.save_contents=[model,hf_model,optimizer,extra]"))
     loaded = export(engine)
     update(worker, engine, *batches[BATCH_A])
     engine.save_checkpoint(str(folder), global_step=1)
     at_save = export(engine)
     if dist.get_rank() == 0:
-        torch.save({"loaded": loaded, "at_save": at_save}, Path(a.work) / "dist_model.pt")
-        return {"layout": engine.mapping.layout.describe(),
-                "files": sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())}
-    return None
+        torch.save({"loaded": loaded, "at_save": at_save}, work / "weights.pt")
+    return {"layout": engine.mapping.layout.describe(),
+            "files": sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())}
 
 
 def bad_run(a) -> dict:
@@ -340,11 +345,12 @@ def main(argv=None) -> int:
     from mcore_dapo.bridge.layout import Layout
 
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
-    ap.add_argument("mode", choices=["save", "resume", "bad", "bench", "dist_model"])
+    ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--checkpoint", default=None,
-                    help="bad: the checkpoint to try; dist_model: the torch_dist checkpoint the engine starts from")
+    ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
+    ap.add_argument("--dist-start", default=None,
+                    help="save: also run an engine with use_dist_checkpointing=True from this torch_dist checkpoint")
     Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--kill-in-save", choices=POINTS, default=None,
@@ -357,8 +363,7 @@ def main(argv=None) -> int:
 
     from mcore_dapo.runtime.launch import finish_worker
 
-    run = {"save": save_run, "resume": resume_run, "bad": bad_run, "bench": bench_run,
-           "dist_model": dist_model_run}[a.mode]
+    run = {"save": save_run, "resume": resume_run, "bad": bad_run, "bench": bench_run}[a.mode]
     if not a.kill_in_save:
         return finish_worker(run(a), a.out)
     result, engine = run(a), _ENGINE[0]
