@@ -25,6 +25,18 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, line):
     assert not any(tmp_path.iterdir())  # refused before anything was prepared
 
 
+def test_a_workdir_whose_run_is_finished_is_one_line(tmp_path, capsys):
+    """The scripts resume (resume_mode=auto): over a run that reached --steps nothing would train."""
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("4")
+    assert run(["tiny-dapo", "--workdir", str(tmp_path), "--rollout", "hf_cpu", "--steps", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: --workdir {tmp_path} holds a checkpoint of step 4: the scripts resume from it "
+                   f"(resume_mode=auto) and --steps 4 leaves nothing to train; accepted: --steps above 4, another "
+                   f"--workdir, or {tmp_path / 'checkpoints'} removed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]  # refused before anything was prepared
+
+
 def _args(args: list[str]) -> dict:
     return {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in args}
 

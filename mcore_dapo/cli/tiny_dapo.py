@@ -19,7 +19,8 @@ def add_commands(sub) -> None:
     from mcore_dapo.harness.tiny_dapo import ROLLOUTS
 
     p = sub.add_parser("tiny-dapo", help="verl's DAPO trainer for a few steps on a tiny Qwen3-MoE on the CPU")
-    p.add_argument("--workdir", required=True, help="model, data, verl's logs and the audit go here")
+    p.add_argument("--workdir", required=True, help="model, data, verl's logs and the audit go here; an earlier "
+                   "run's checkpoints there are resumed (resume_mode=auto, as the launch scripts)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--rollout", default="vllm", help=f"rollout engine: {' | '.join(ROLLOUTS)} (default vllm: verl's "
                    "own vLLM rollout on vLLM's CPU build; hf_cpu: the plugin's HF stand-in)")
@@ -72,6 +73,14 @@ def _validated(a) -> None:
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
     replay_overrides(a.router_replay, a.rollout_dtype, a.rollout)  # its one-line refusals, before anything runs
+    tracker = Path(a.workdir) / "checkpoints" / "latest_checkpointed_iteration.txt"
+    done = tracker.read_text().strip() if tracker.is_file() else ""
+    if done.isdigit() and int(done) >= a.steps:
+        from mcore_dapo.errors import UserError
+
+        raise UserError(f"--workdir {a.workdir} holds a checkpoint of step {done}: the scripts resume from it "
+                        f"(resume_mode=auto) and --steps {a.steps} leaves nothing to train; accepted: --steps above "
+                        f"{done}, another --workdir, or {tracker.parent} removed")
     if a.rollout == "vllm":
         from mcore_dapo.resharding.vllm_target import require_vllm
 

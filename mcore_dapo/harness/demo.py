@@ -146,7 +146,12 @@ def verl_trainer(workdir: Path, steps: int = 4) -> dict:
     from mcore_dapo.harness.tiny_dapo import per_step as step_rows
     from mcore_dapo.harness.tiny_dapo import run
 
+    import shutil
+
     rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf_cpu"
+    # a fresh run each time: the launch scripts resume (resume_mode=auto) from an earlier demo's checkpoints,
+    # which would leave nothing to train
+    shutil.rmtree(workdir / "tiny-dapo" / "checkpoints", ignore_errors=True)
     r = run(workdir / "tiny-dapo", steps, timeout=1200, audit=True, rollout=rollout)
     per_step = step_rows(r) if r["steps"] else []
     return {"rollout": rollout, "steps": per_step, "seconds": r["seconds"], "metrics_log": r["metrics_log"],
