@@ -14,7 +14,7 @@
    clipped policy loss) on the EP2 Megatron model, against a one-process HF reference
    (when verl is installed);
 7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
-   builds this plugin's ``McoreDapoEngine`` (bf16, as verl runs it), ``compute_log_prob`` and
+   builds this plugin's ``McoreDapoEngine`` (its subclass for verl's cpu device; bf16, as verl runs it), ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
 8. verl's DAPO trainer itself for four steps with the launch scripts' settings
    (``mcore_dapo.harness.tiny_dapo``: configs/dapo/common.sh with only sizes, counts and the rollout's
@@ -140,13 +140,12 @@ def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
 
 def verl_trainer(workdir: Path, steps: int = 4) -> dict:
     import importlib.util
+    import shutil
 
     if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
         return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
     from mcore_dapo.harness.tiny_dapo import per_step as step_rows
     from mcore_dapo.harness.tiny_dapo import run
-
-    import shutil
 
     rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf_cpu"
     # a fresh run each time: the launch scripts resume (resume_mode=auto) from an earlier demo's checkpoints,
