@@ -14,7 +14,8 @@
    clipped policy loss) on the EP2 Megatron model, against a one-process HF reference
    (when verl is installed);
 7. the same update through verl's own Megatron engine path: verl's ``ActorRolloutRefWorker``
-   builds this plugin's ``McoreDapoEngine`` (its subclass for verl's cpu device; bf16, as verl runs it), ``compute_log_prob`` and
+   builds this plugin's ``McoreDapoEngine`` (its subclass for verl's cpu device; bf16, as verl runs it),
+   ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
 8. verl's DAPO trainer itself for four steps with the launch scripts' settings
    (``mcore_dapo.harness.tiny_dapo``: configs/dapo/common.sh with only sizes, counts and the rollout's
@@ -132,7 +133,8 @@ def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
         "engine": got["engine"], "layout": got["layout"], "loss": got["loss"], "reference_loss": want["loss"],
         "grad_norm": got["grad_norm"], "reference_grad_norm": want["grad_norm"],
         "received_vs_engine": got["received_vs_engine"], "bf16_beyond_one_step": want["bf16_beyond_one_step"],
-        "passed": "McoreDapoEngine" in got["engine_classes"] and abs(got["loss"] - want["loss"]) <= 2e-2 * abs(want["loss"])
+        "passed": "McoreDapoEngine" in got["engine_classes"]
+        and abs(got["loss"] - want["loss"]) <= 2e-2 * abs(want["loss"])
         and abs(got["grad_norm"] - want["grad_norm"]) <= 1e-2 * want["grad_norm"]
         and got["received_vs_engine"] == 0.0 and want["bf16_beyond_one_step"] < 0.05,
     }
