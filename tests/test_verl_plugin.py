@@ -37,9 +37,49 @@ def test_main_ppo_argv_is_rewritten_only_for_verl_main():
 
 
 def dry_run(script: str, *overrides: str, **env_vars: str) -> subprocess.CompletedProcess:
+    """The launch script itself with DRY_RUN=1, in a new process: bash, then python3 as the script calls it."""
     env = {**os.environ, "DRY_RUN": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **env_vars}
     return subprocess.run(["bash", str(ROOT / "configs" / script), *overrides], capture_output=True, text=True,
                           env=env, timeout=300)
+
+
+# Variables of bash's own, not the script's: never copied into this process.
+BASH_OWN = {"_", "SHLVL", "PWD", "OLDPWD"}
+
+
+def script_call(script: str, *overrides: str, **env_vars: str) -> tuple[list[str], dict]:
+    """What ``configs/<script>`` runs, as bash composes it: the arguments it passes to ``python3 -m
+    mcore_dapo.verl_plugin.main_dapo`` and the environment it exports. python3 is a bash function here that
+    writes them down, so nothing is started."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        args, env_out = Path(d) / "args", Path(d) / "env"
+        shim = (f'python3() {{ printf "%s\\0" "$@" > {args}; env -0 > {env_out}; }}; export -f python3; '
+                f'exec bash "$@"')
+        p = subprocess.run(["bash", "-c", shim, "bash", str(ROOT / "configs" / script), *overrides],
+                           capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env_vars},
+                           timeout=60)
+        assert p.returncode == 0 and args.is_file(), p.stderr[-2000:]
+        argv = [x for x in args.read_text().split("\0") if x]
+        env = dict(x.split("=", 1) for x in env_out.read_text().split("\0") if "=" in x)
+    assert argv[:2] == ["-m", "mcore_dapo.verl_plugin.main_dapo"], argv[:2]
+    return argv[2:], {k: v for k, v in env.items() if k not in BASH_OWN and not k.startswith("BASH_FUNC_")}
+
+
+def dry_run_here(monkeypatch, capsys, script: str, *overrides: str, **env_vars: str) -> subprocess.CompletedProcess:
+    """:func:`dry_run` with main_dapo called in this process (verl is imported once for the whole file): the
+    script's arguments and exported variables as bash composes them (:func:`script_call`)."""
+    from mcore_dapo.verl_plugin import main_dapo
+
+    argv, env = script_call(script, *overrides, **env_vars)
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    capsys.readouterr()
+    rc = main_dapo.main(argv)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, rc, out, err)
 
 
 @pytest.mark.parametrize("script, want, logger", [
@@ -90,16 +130,16 @@ def test_dry_run_valid(script, want, logger, tmp_path):
     (["actor_rollout_ref.actor.megatron.use_distributed_optimizer=False"],
      "param_offload=True with use_distributed_optimizer=False: verl's offload needs the distributed optimizer"),
 ])
-def test_dry_run_invalid(overrides, message):
-    p = dry_run("dapo_qwen3_30b_h100.sh", *overrides)
+def test_dry_run_invalid(overrides, message, monkeypatch, capsys):
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", *overrides)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert message in lines[-1] and lines[-1].startswith("error: ")
 
 
-def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze():
+def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze(monkeypatch, capsys):
     # the guide's FSDP script zeroes three HF dropouts; on the Megatron path they become TransformerConfig's
-    p = dry_run("dapo_qwen3_30b_h100.sh", "+actor_rollout_ref.model.override_config.attention_dropout=0.",
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", "+actor_rollout_ref.model.override_config.attention_dropout=0.",
                 "+actor_rollout_ref.model.override_config.embd_pdrop=0.",
                 "+actor_rollout_ref.model.override_config.resid_pdrop=0.",
                 "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True")
@@ -121,9 +161,9 @@ def test_model_settings_become_transformer_config_fields():
     assert ms.freeze_moe_router(None, "m") is False
 
 
-def test_dry_run_router_replay_env():
+def test_dry_run_router_replay_env(monkeypatch, capsys):
     # ROUTER_REPLAY=R3: verl's replay mode and the rollout returning its routed experts
-    p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R3")
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R3")
     if not supports_routing_replay():
         # megatron-core before 0.16.0 has no routing replay: refused in one line, never trained without it
         assert p.returncode == 2
@@ -135,10 +175,10 @@ def test_dry_run_router_replay_env():
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1])["router_replay"] == "R3"
     # R3 with a rollout that does not return routes would have nothing to replay: refused
-    p = dry_run("dapo_qwen3_30b_h100.sh", "actor_rollout_ref.rollout.enable_rollout_routing_replay=False",
-                ROUTER_REPLAY="R3")
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh",
+                     "actor_rollout_ref.rollout.enable_rollout_routing_replay=False", ROUTER_REPLAY="R3")
     assert p.returncode == 2 and "enable_rollout_routing_replay=True" in p.stderr.strip().splitlines()[-1]
-    p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R4")
+    p = dry_run("dapo_qwen3_30b_h100.sh", ROUTER_REPLAY="R4")  # refused by bash: python never starts
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == ["error: ROUTER_REPLAY=R4 is not accepted: accepted are off, R2, R3"]
 

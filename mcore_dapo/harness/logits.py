@@ -26,7 +26,8 @@ def parse_args(argv=None):
     Layout.add_args(ap, (*LAYOUT_FLAGS, "vpp"))
     ap.add_argument("--first", type=int, default=None, help="layers in the first pipeline stage (uneven stages)")
     ap.add_argument("--last", type=int, default=None, help="layers in the last pipeline stage (uneven stages)")
-    ap.add_argument("--dispatcher", default="alltoall")
+    ap.add_argument("--dispatcher", default="alltoall",
+                    help="alltoall, allgather, or both comma-separated: one model each in this launch")
     ap.add_argument("--device", default=None)
     ap.add_argument("--dtype", default="fp32")
     ap.add_argument("--vocab-divisible-by", type=int, default=None)
@@ -48,12 +49,6 @@ def _reduced(values: list[float], device, op=None) -> list[float]:
 
 
 def run(a) -> dict:
-    import torch
-    import torch.distributed as dist
-
-    from mcore_dapo.io.hf_reader import HFReader
-    from mcore_dapo.runtime.forward import run_schedule
-    from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
@@ -65,7 +60,24 @@ def run(a) -> dict:
     # the cross-entropy alone, which the HF reference computes
     stages = {k: v for k, v in (("num_layers_in_first_pipeline_stage", a.first),
                                  ("num_layers_in_last_pipeline_stage", a.last)) if v is not None}
-    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=a.dispatcher, aux_loss_coeff=0.0,
+    dispatchers = a.dispatcher.split(",")
+    if len(dispatchers) > 1:  # one model per dispatcher in this launch, built, compared and dropped in turn
+        results = {d: _one(a, d, layout, bridge, adapter, info, stages) for d in dispatchers}
+        return {"layout": layout.describe(), "world_size": info.world_size, "by_dispatcher": results,
+                "seconds": round(time.time() - t0, 2)}
+    result = _one(a, a.dispatcher, layout, bridge, adapter, info, stages)
+    result["seconds"] = round(time.time() - t0, 2)
+    return result
+
+
+def _one(a, dispatcher, layout, bridge, adapter, info, stages) -> dict:
+    import torch
+
+    from mcore_dapo.io.hf_reader import HFReader
+    from mcore_dapo.runtime.forward import run_schedule
+    from mcore_dapo.runtime.model import build_model, load_hf_weights
+
+    chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=dispatcher, aux_loss_coeff=0.0,
                              make_vocab_size_divisible_by=a.vocab_divisible_by, overrides=stages or None,
                              wrapped_in_ddp=a.backward)
     key_layout = None
@@ -95,7 +107,7 @@ def run(a) -> dict:
     result = {
         "layout": layout.describe(),
         "world_size": info.world_size,
-        "dispatcher": a.dispatcher,
+        "dispatcher": dispatcher,
         "device": adapter.name,
         "tensors_loaded_rank0": loaded,
         "key_layout": key_layout,
@@ -106,7 +118,6 @@ def run(a) -> dict:
     }
     if a.backward:
         result.update(backward(a, chunks, tf, bridge, info, tokens, ref, device))
-    result["seconds"] = round(time.time() - t0, 2)
     return result
 
 
