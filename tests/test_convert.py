@@ -41,16 +41,30 @@ def assert_bit_exact(a, b):
         assert torch.equal(ta[k].view(torch.uint8), tb[k].view(torch.uint8)), k
 
 
+@pytest.fixture(scope="module")
+def converted(tiny_moe, tmp_path_factory):
+    """``hf2mcore`` of the tiny model under a layout, once for this file: ``(checkpoint, hf2mcore's report)``.
+    The tests that take one read it and write elsewhere."""
+    done = {}
+
+    def get(layout: Layout):
+        if layout.describe() not in done:
+            out = tmp_path_factory.mktemp("mcore") / "mcore"
+            done[layout.describe()] = (out, hf2mcore(tiny_moe, out, layout, progress=False))
+        return done[layout.describe()]
+    return get
+
+
 @pytest.mark.parametrize("layout,nproc_back", [
     (Layout(tp=2, ep=2), 2),
     (Layout(pp=2, ep=2), 1),
     (Layout(tp=2, ep=2, etp=1), 4),
     (Layout(ep=4), 2),
 ], ids=lambda x: x.describe() if isinstance(x, Layout) else f"back{x}")
-def test_round_trip_is_bit_exact(tiny_moe, tmp_path, layout, nproc_back):
-    m = hf2mcore(tiny_moe, tmp_path / "mcore", layout, progress=False)
+def test_round_trip_is_bit_exact(tiny_moe, converted, tmp_path, layout, nproc_back):
+    mcore, m = converted(layout)
     assert m["tensor_count"] == 135 and m["layout_written"]["ep"] == layout.ep
-    r = mcore2hf(tmp_path / "mcore", tmp_path / "hf", nproc=nproc_back, progress=False)
+    r = mcore2hf(mcore, tmp_path / "hf", nproc=nproc_back, progress=False)
     assert r["checked_against_manifest"] and r["checksum_mismatches"] == []
     assert_bit_exact(tiny_moe, tmp_path / "hf")
     assert json.loads((tmp_path / "hf" / "config.json").read_text()) == \
@@ -71,11 +85,11 @@ def test_bf16_round_trip_and_dense_model(tiny_dense, tmp_path):
     assert_bit_exact(tiny_dense, tmp_path / "hf-d")
 
 
-def test_checkpoint_written_under_one_layout_loads_under_others(tiny_moe, tmp_path):
+def test_checkpoint_written_under_one_layout_loads_under_others(tiny_moe, converted):
     # (mcore2hf in the round trips above also loads under another layout: TP1/EP=nproc)
-    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(tp=2, ep=2), progress=False)
+    mcore, _ = converted(Layout(tp=2, ep=2))
     for layout in (Layout(pp=2, ep=2), Layout(tp=2, ep=2, etp=1)):
-        r = verify(tiny_moe, tmp_path / "mcore", layout)
+        r = verify(tiny_moe, mcore, layout)
         assert r["passed"], r
         assert r["max_abs_diff"] < 1e-4 and r["checksum_mismatches"] == 0
         assert r["key_layout"] == "stacked"
@@ -89,18 +103,18 @@ def content_metadata(path):
     return None if load is None else load(str(path))
 
 
-def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(tiny_moe, tmp_path):
+def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(converted):
     from mcore_dapo.io.dist_ckpt import checkpoint_keys
 
-    m = hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
-    keys = checkpoint_keys(tmp_path / "mcore")
+    mcore, m = converted(Layout(ep=2))
+    keys = checkpoint_keys(mcore)
     # every layer MoE: stacked under one key with a layer axis, as moe_layer_freq=1 models load them
     assert m["key_layout"] == "stacked" and not any(k.startswith("decoder.layers.0.") for k in keys)
     assert keys["decoder.layers.pre_mlp_layernorm.weight"] == (4, 64)
     assert keys["decoder.layers.self_attention.linear_qkv.layer_norm_weight"] == (4, 64)
     assert not any("mlp.linear_fc1.layer_norm" in k for k in keys)
     assert keys["decoder.layers.mlp.experts.experts.linear_fc1.weight"] == (4, 8, 64, 64)
-    assert content_metadata(tmp_path / "mcore") is None
+    assert content_metadata(mcore) is None
 
 
 def test_mixed_dense_and_moe_layers_round_trip_per_layer(tmp_path):
@@ -148,14 +162,14 @@ def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.partial*"))
 
 
-def test_verify_fails_on_a_different_checkpoint(tiny_moe, tmp_path):
+def test_verify_fails_on_a_different_checkpoint(tiny_moe, converted, tmp_path):
     from mcore_dapo.harness.tiny import make_tiny_model
 
-    hf2mcore(tiny_moe, tmp_path / "mcore", Layout(ep=2), progress=False)
+    mcore, _ = converted(Layout(ep=2))
     other = make_tiny_model(tmp_path / "other", seed=7)
     shutil.copy(tiny_moe / "config.json", other / "config.json")
     out = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", "verify", "--hf-path", str(other),
-                          "--mcore-path", str(tmp_path / "mcore"), "--json"], capture_output=True, text=True)
+                          "--mcore-path", str(mcore), "--json"], capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     r = json.loads(out.stdout)
     assert not r["passed"] and r["checksum_mismatches"] == 135 and r["max_abs_diff"] > 1e-2
