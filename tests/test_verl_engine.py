@@ -6,7 +6,7 @@ fp32 HF reference in one process.
 What the main update leaves off, and why: it is one update on a fixed batch set against a one-process
 reference update, so the launch scripts' LR warm-up (whose first step applies learning rate 0: nothing to
 compare) and dynamic batch sizes (the reference takes the batch whole) are off here; offload is the
-`--offload` run below (the same update with and without it, exactly equal); the scripts' whole
+same launch's first worker (the same update with and without it, exactly equal); the scripts' whole
 configuration, warm-up and dynamic batches included, is tests/test_verl_trainer.py's."""
 
 import json
@@ -23,15 +23,25 @@ pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host
 
 
 @pytest.fixture(scope="module")
-def engine_update(tmp_path_factory):
+def engine_launch(tmp_path_factory):
+    """One launch (mcore_dapo.harness.verl_engine --offload), EP2 on 2 ranks: an offloaded worker's update, then a
+    plain worker's update of the same weights and batch with its weight sync and checkpoint save and resume (its
+    result is ``"plain"``, what ``run`` alone gives). ``(result, hf folder, work folder)``."""
     from mcore_dapo.harness.tiny import make_tiny_model
 
     tmp = tmp_path_factory.mktemp("verl-engine")
     hf = make_tiny_model(tmp / "tiny")
     work = tmp / "work"
     work.mkdir()
-    got = torchrun("mcore_dapo.harness.verl_engine", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"],
-                   2, timeout=600)
+    got = torchrun("mcore_dapo.harness.verl_engine",
+                   ["--hf-path", str(hf), "--work", str(work), "--ep", "2", "--offload"], 2, timeout=600)
+    return got, hf, work
+
+
+@pytest.fixture(scope="module")
+def engine_update(engine_launch):
+    launched, hf, work = engine_launch
+    got = launched["plain"]
     ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path", str(hf),
                           "--work", str(work)], capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
@@ -145,16 +155,10 @@ def test_router_replay_bad_data_is_one_line(replay):
 
 
 @pytest.fixture(scope="module")
-def offload(tmp_path_factory):
-    """verl's param/grad/optimizer offload (mcore_dapo.harness.verl_engine --offload): one launch, an
-    offloaded worker then a plain one with the same weights, batch and (distributed) optimizer."""
-    from mcore_dapo.harness.tiny import make_tiny_model
-
-    tmp = tmp_path_factory.mktemp("verl-offload")
-    hf = make_tiny_model(tmp / "tiny")
-    (tmp / "work").mkdir()
-    return torchrun("mcore_dapo.harness.verl_engine", ["--hf-path", str(hf), "--work", str(tmp / "work"), "--offload"],
-                    2, timeout=600)
+def offload(engine_launch):
+    """verl's param/grad/optimizer offload: the launch's offloaded worker, then the plain one with the same
+    weights, batch and (distributed) optimizer."""
+    return engine_launch[0]
 
 
 def test_verl_offload_frees_the_ddp_buffers(offload):

@@ -127,6 +127,15 @@ def start_actor(a, **kw):
 
 
 def run(a) -> dict:
+    # the distributed optimizer, as verl's default and the launch scripts run it
+    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding, dist_optimizer=True)
+    return update_sync_save(a, worker, engine, batch, data)[0]
+
+
+def update_sync_save(a, worker, engine, batch, data, after_update=None) -> tuple:
+    """One DAPO update of a started actor (verl's compute_log_prob, noise on the old policy, update_actor), the
+    weight sync into an HF receiver and verl's checkpoint save and resume: rank 0's result (None elsewhere),
+    the old log-probs, and what ``after_update(engine)`` returned right after the update (on every rank)."""
     import torch.distributed as dist
 
     from mcore_dapo.devices import get_adapter
@@ -135,8 +144,6 @@ def run(a) -> dict:
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import no_padding_2_padding
 
-    # the distributed optimizer, as verl's default and the launch scripts run it
-    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding, dist_optimizer=True)
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
     bs = len(data)
     # the old policy: verl's compute_log_prob (infer_batch), then noise so that all clip ranges act
@@ -164,6 +171,7 @@ def run(a) -> dict:
     out = worker.update_actor(dispatch(td, dp, dp_rank))
     t_update = time.perf_counter() - t_update
     metrics = tu.get(out, "metrics") if out is not None else None
+    after = after_update(engine) if after_update is not None else None
 
     receiver = HFQwen3MoeReceiver(hf_model(a.hf_path, dtype=engine.param_dtype))  # the rollout's dtype
     per_tensor, _ = engine.get_per_tensor_param()
@@ -191,7 +199,7 @@ def run(a) -> dict:
                   "tokens_per_second": round(tokens / t_update, 1),
                   "remove_padding": a.remove_padding, "peak_device_bytes": get_adapter().max_memory_allocated(),
                   "peak_rss_mb": peak_rss_mb(), **saved}
-    return result
+    return result, old, after
 
 
 def offload_run(a) -> dict:
@@ -199,7 +207,8 @@ def offload_run(a) -> dict:
     the distributed optimizer (verl's offload frees the DDP buffers' param_data, which only it has): the
     buffers' storage after init, after each worker call and after a save; the weights exported while
     offloaded against the HF folder; then the same update and export by a second worker without
-    offload, in the same processes (verl colocates engines so: one model-parallel state)."""
+    offload, in the same processes (verl colocates engines so: one model-parallel state). That worker's
+    update is :func:`run`'s, sync and checkpoint included: its result is ``"plain"``."""
     import torch.distributed as dist
 
     from mcore_dapo.io.hf_reader import HFReader
@@ -224,7 +233,8 @@ def offload_run(a) -> dict:
         old, metrics = one_update(worker, engine, batch, data)
         return old, {k: _scalar(metrics[k]) for k in ("loss", "grad_norm")}
 
-    worker, engine, batch, data = start_actor(a, device=a.device, offload=True, dist_optimizer=True)
+    worker, engine, batch, data = start_actor(a, device=a.device, remove_padding=a.remove_padding, offload=True,
+                                              dist_optimizer=True)
     r = {"offload_enabled": [engine.is_param_offload_enabled, engine.is_optimizer_offload_enabled],
          "dist_optimizer": engine.engine_config.use_distributed_optimizer, "after_init": storage(engine)}
     with HFReader(a.hf_path) as reader:
@@ -248,12 +258,14 @@ def offload_run(a) -> dict:
             r["checkpoint_vs_live_differ"] = sorted(n for n, t in trained.items()
                                                     if not torch.equal(t, reader.get(n).to(t.dtype)))
 
-    # the same update without offload: a second worker, same weights, same batch
-    plain, plain_engine, _, _ = start_actor(a, device=a.device, offload=False, dist_optimizer=True)
+    # the same update without offload: a second worker, same weights, same batch; run()'s update, sync, save
+    plain, plain_engine, _, _ = start_actor(a, device=a.device, remove_padding=a.remove_padding, offload=False,
+                                            dist_optimizer=True)
     r["plain_after_init"] = storage(plain_engine)
-    plain_old, r["plain_update"] = update(plain, plain_engine, batch, data)
+    r["plain"], plain_old, plain_trained = update_sync_save(a, plain, plain_engine, batch, data, after_update=export)
+    if r["plain"] is not None:
+        r["plain_update"] = {k: r["plain"][k] for k in ("loss", "grad_norm")}
     r["old_logp_equal"] = bool(torch.equal(old, plain_old))
-    plain_trained = export(plain_engine)
     r["offloaded_vs_plain_weights_differ"] = sorted(n for n in plain_trained
                                                     if not torch.equal(plain_trained[n], trained[n]))
     return r if dist.get_rank() == 0 else None
