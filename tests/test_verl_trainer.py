@@ -10,7 +10,8 @@ tiny size (the script's own LAYOUT array, only EP and the stage sizes changed).
 
 Two runs:
 
-* ``tiny_run``, the H100 script's layout class (TP2 with sequence parallelism, EP2 over the TP ranks, ETP1),
+* ``tiny_run``, 4 steps (where tests/test_resume.py runs too, the 4 steps of its killed and resumed runs), the
+  H100 script's layout class (TP2 with sequence parallelism, EP2 over the TP ranks, ETP1),
   with router replay R3 (the rollout's routed experts through the agent loop and TransferQueue, replayed in
   the old-log-prob pass and the update) and every update audited against the HF reference. Its rollout is
   the plugin's ``hf_cpu`` stand-in: R3 needs the rollout's routes, which vLLM's CPU build cannot return (its
@@ -40,14 +41,12 @@ STEPS = 4  # validation and checkpoints at steps 2 and 4 (test_freq = save_freq 
 
 @pytest.fixture(scope="module")
 def tiny_run(dapo_trainer_run):
-    from mcore_dapo.harness.tiny_dapo import read_metrics
-
     # tests/conftest.py's run (mcore_dapo.harness.resume.trainer_run: STEPS steps, the H100 script's layout class,
-    # the audit, R3 where Megatron has routing replay): also tests/test_resume.py's uninterrupted baseline
-    result, work = dapo_trainer_run
-    log_tail = "\n".join((work / "train.log").read_text(errors="replace").splitlines()[-40:])
-    assert result["returncode"] == 0, result["error"] or log_tail
-    return [r["data"] for r in read_metrics(work / "metrics.jsonl")], log_tail, result["audit"], work
+    # the audit, R3 where Megatron has routing replay); where tests/test_resume.py runs too, its killed run's steps
+    # 1 and 2 and its resumed run's 3 and 4, audited against the reference chained across the kill
+    r = dapo_trainer_run
+    assert r["returncode"] == 0, r["error"] or r["log_tail"]
+    return r["metrics"], r["log_tail"], r["audit"], r["work"]
 
 
 VLLM_STEPS = 3  # the warm-up's first update applies lr 0: the third step is the first whose actor left the ref

@@ -75,6 +75,36 @@ def kill_and_resume(work: Path, timeout: float = 1200) -> dict:
             "resumed_audit": str(work / "audit"), "checkpoints": str(ckpts)}
 
 
+def four_steps(work: Path, timeout: float = 1200) -> dict:
+    """:func:`kill_and_resume` in ``work`` seen as one run of :data:`STEPS` steps: the killed run's steps up to its
+    checkpoint and the resumed run's after it. ``metrics`` (verl's per-step metrics, steps 1 to 4), ``audit`` (every
+    update against the chained fp32 reference, :func:`chained_reference`), ``work`` (the checkpoints and the resumed
+    run's ``train.log``), ``returncode`` and ``error`` (the resumed run's, or the killed run's where it did not
+    reach its checkpoint), ``log_tail``, and ``pair`` (what kill_and_resume returned, with :func:`compare`'s
+    ``compare``)."""
+    from mcore_dapo.harness.tiny_dapo import read_metrics
+
+    work = Path(work).absolute()
+    pair = kill_and_resume(work, timeout)
+    killed, resumed = pair["killed"], pair["resumed"]
+    log = work / "train.log"
+    out = {"work": work, "pair": pair, "returncode": resumed["returncode"], "error": resumed["error"],
+           "metrics": [], "audit": None}
+    if killed["tracker"] != str(SAVE_FREQ):
+        out.update(returncode=killed["returncode"], error=f"the killed run left tracker {killed['tracker']!r}, not "
+                   f"{SAVE_FREQ}: no checkpoint to resume from (steps logged: {killed['steps_logged']})")
+        log = work / "train-killed.log"
+    out["log_tail"] = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.is_file() else ""
+    if out["returncode"] != 0:
+        return out
+    pair["compare"] = compare(None, Path(pair["killed_audit"]), Path(pair["resumed_audit"]),
+                              Path(pair["checkpoints"]))
+    before = [r for r in read_metrics(work / "metrics-killed.jsonl") if r["data"]["training/global_step"] <= SAVE_FREQ]
+    out["metrics"] = [r["data"] for r in [*before, *read_metrics(work / "metrics.jsonl")]]
+    out["audit"] = pair["compare"].get("chained_reference")
+    return out
+
+
 def _read(p: Path) -> str | None:
     return p.read_text().strip() if p.is_file() else None
 
@@ -158,14 +188,16 @@ def restored_vs_held(killed: Path, resumed: Path, step: int) -> dict:
     return out
 
 
-def compare(baseline_audit: Path, killed_audit: Path, resumed_audit: Path, checkpoints: Path | None = None,
+def compare(baseline_audit: Path | None, killed_audit: Path, resumed_audit: Path, checkpoints: Path | None = None,
             baseline_checkpoints: Path | None = None) -> dict:
-    baseline_audit, killed_audit, resumed_audit = Path(baseline_audit), Path(killed_audit), Path(resumed_audit)
+    """The resumed run against the killed one (and an uninterrupted run's audit where one is given)."""
+    killed_audit, resumed_audit = Path(killed_audit), Path(resumed_audit)
     resumed_steps = sorted(p for p in resumed_audit.glob("step-*"))
     killed_steps = checkpointed_steps(killed_audit)
     out = {"resumed_updates": len(resumed_steps), "killed_updates": len(killed_steps),
            "restored": restored_vs_held(killed_audit, resumed_audit, SAVE_FREQ),
-           "baseline": [_record(baseline_audit / f"step-{s - 1:04d}") for s in range(1, STEPS + 1)],
+           "baseline": None if baseline_audit is None else
+           [_record(Path(baseline_audit) / f"step-{s - 1:04d}") for s in range(1, STEPS + 1)],
            "killed": [_record(p) for p in killed_steps], "resumed": [_record(p) for p in resumed_steps]}
     if resumed_steps and killed_steps:
         # the resumed run's first update starts from the weights the killed run's last completed update left
