@@ -51,12 +51,13 @@ def script_call(script: str, *overrides: str, **env_vars: str) -> tuple[list[str
     """What ``configs/<script>`` runs, as bash composes it: the arguments it passes to ``python3 -m
     mcore_dapo.verl_plugin.main_dapo`` and the environment it exports. python3 is a bash function here that
     writes them down, so nothing is started."""
+    import shlex
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         args, env_out = Path(d) / "args", Path(d) / "env"
-        shim = (f'python3() {{ printf "%s\\0" "$@" > {args}; env -0 > {env_out}; }}; export -f python3; '
-                f'exec bash "$@"')
+        shim = (f'python3() {{ printf "%s\\0" "$@" > {shlex.quote(str(args))}; env -0 > {shlex.quote(str(env_out))}; '
+                '}; export -f python3; exec bash "$@"')
         p = subprocess.run(["bash", "-c", shim, "bash", str(ROOT / "configs" / script), *overrides],
                            capture_output=True, text=True, env={**os.environ, "DRY_RUN": "1", **env_vars},
                            timeout=60)
@@ -139,10 +140,11 @@ def test_dry_run_invalid(overrides, message, monkeypatch, capsys):
 
 def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze(monkeypatch, capsys):
     # the guide's FSDP script zeroes three HF dropouts; on the Megatron path they become TransformerConfig's
-    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", "+actor_rollout_ref.model.override_config.attention_dropout=0.",
-                "+actor_rollout_ref.model.override_config.embd_pdrop=0.",
-                "+actor_rollout_ref.model.override_config.resid_pdrop=0.",
-                "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True")
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh",
+                     "+actor_rollout_ref.model.override_config.attention_dropout=0.",
+                     "+actor_rollout_ref.model.override_config.embd_pdrop=0.",
+                     "+actor_rollout_ref.model.override_config.resid_pdrop=0.",
+                     "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True")
     assert p.returncode == 0, p.stderr[-2000:]
 
 
