@@ -132,14 +132,13 @@ def dapo_trainer_run(request, tmp_path_factory):
     uninterrupted run. Either way a dict: ``metrics`` (per step), ``audit``, ``work``, ``returncode``, ``error``,
     ``log_tail``, ``pair`` (None for the uninterrupted run)."""
     from mcore_dapo.harness import resume
-    from mcore_dapo.harness.tiny_dapo import read_metrics, run
+    from mcore_dapo.harness.tiny_dapo import log_tail, read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo")
     if any(item.nodeid.startswith("tests/test_resume.py") for item in request.session.items):
         return resume.four_steps(work, timeout=1200)
     result = run(work, timeout=1200, **resume.trainer_run())
-    log = work / "train.log"
     return {"work": work, "pair": None, "returncode": result["returncode"], "error": result["error"],
             "metrics": [r["data"] for r in read_metrics(work / "metrics.jsonl")] if result["returncode"] == 0 else [],
             "audit": result.get("audit"),
-            "log_tail": "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.is_file() else ""}
+            "log_tail": log_tail(work / "train.log")}

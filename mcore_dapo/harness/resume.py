@@ -82,7 +82,7 @@ def four_steps(work: Path, timeout: float = 1200) -> dict:
     run's ``train.log``), ``returncode`` and ``error`` (the resumed run's, or the killed run's where it did not
     reach its checkpoint), ``log_tail``, and ``pair`` (what kill_and_resume returned, with :func:`compare`'s
     ``compare``)."""
-    from mcore_dapo.harness.tiny_dapo import read_metrics
+    from mcore_dapo.harness.tiny_dapo import log_tail, read_metrics
 
     work = Path(work).absolute()
     pair = kill_and_resume(work, timeout)
@@ -94,7 +94,7 @@ def four_steps(work: Path, timeout: float = 1200) -> dict:
         out.update(returncode=killed["returncode"], error=f"the killed run left tracker {killed['tracker']!r}, not "
                    f"{SAVE_FREQ}: no checkpoint to resume from (steps logged: {killed['steps_logged']})")
         log = work / "train-killed.log"
-    out["log_tail"] = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.is_file() else ""
+    out["log_tail"] = log_tail(log)
     if out["returncode"] != 0:
         return out
     pair["compare"] = compare(None, Path(pair["killed_audit"]), Path(pair["resumed_audit"]),

@@ -253,6 +253,12 @@ UNDECLARED = {"ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.include_dashb
               "actor_rollout_ref.rollout.enable_sleep_mode"}
 
 
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a run's log, for a failure message ("" when the run wrote none)."""
+    path = Path(path)
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else ""
+
+
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
