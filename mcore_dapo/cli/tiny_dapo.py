@@ -27,11 +27,15 @@ def add_commands(sub) -> None:
     p.add_argument("--router-replay", default=None, help="off | R2 | R3 (verl's router_replay.mode; R3 needs "
                    "--rollout hf_cpu on the CPU)")
     p.add_argument("--rollout-dtype", default=None, help="bfloat16 | float32 (the rollout's dtype)")
-    p.add_argument("--layout", default="ep2", help="ep2 | h100 | a2: EP2 alone, or a launch script's layout at "
-                   "tiny size (h100: TP2 with sequence parallelism under EP; a2: PP2 with VPP2 and uneven stages "
-                   "under EP, 4 ranks)")
+    p.add_argument("--layout", default="ep2", help="ep2 | h100 | h100-dp2 | a2: EP2 alone, or a launch script's "
+                   "layout at tiny size (h100: TP2 with sequence parallelism under EP; h100-dp2: the same on 4 ranks, "
+                   "data-parallel and expert data-parallel size 2; a2: PP2 with VPP2 and uneven stages under EP, 4 "
+                   "ranks)")
     p.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP; "
                    "2 runs on vLLM's CPU build)")
+    p.add_argument("--trainer-mode", default="sync", help="sync | colocate_async | separate_async (verl's "
+                   "trainer.v1.trainer_mode: generation overlapped with training; separate_async runs the rollout "
+                   "in its own process, weights through the gloo checkpoint engine)")
     p.add_argument("--lr", type=float, default=1e-3, help="the actor's learning rate (default 1e-3)")
     p.add_argument("--teach-p", type=float, default=None,
                    help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
@@ -68,7 +72,9 @@ def _validated(a) -> None:
     if a.gen_tp not in (1, 2):
         raise accepted("--gen-tp", a.gen_tp, "1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
                        "at most the trainer's 2 or 4 ranks)")
-    from mcore_dapo.harness.tiny_dapo import replay_overrides
+    from mcore_dapo.harness.tiny_dapo import mode_overrides, replay_overrides
+
+    mode_overrides(a.trainer_mode)
 
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
@@ -93,9 +99,9 @@ def tiny_dapo(a) -> int:
     _validated(a)
     r = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
             router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides),
-            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp)
+            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, trainer_mode=a.trainer_mode)
     steps = per_step(r) if r["steps"] else []
-    out = {"rollout": a.rollout, "layout": a.layout, "gen_tp": a.gen_tp, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
+    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
            "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
     ok = r["returncode"] == 0 and len(steps) >= a.steps
     if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log

@@ -4,8 +4,8 @@ With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, the plugin
 classes wrapped by :func:`audited` (:func:`mcore_dapo.verl_plugin.engine.register`); without it, this module
 is not imported. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
 through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
-response mask, old log-probs, advantages, and the routed experts the update replays under router
-replay R2/R3) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
+response mask, old log-probs, advantages, the routed experts the update replays under router
+replay R2/R3, and with verl's rollout correction the importance weights and the rollout's log-probs) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
 router's gradient norm before the optimizer step, Megatron's Adam settings, and the weights after the
 update (``D/step-N/hf-after``); every checkpoint saved or loaded, what the engine holds then
 (:func:`checkpoint_state`).
@@ -32,6 +32,9 @@ from mcore_dapo.verl_plugin.engine import AUDIT_ENV as ENV
 
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
+# with verl's rollout correction (algorithm.rollout_correction, the asynchronous modes): the importance weights
+# the update multiplies its policy-gradient terms with, and the rollout's own log-probs they come from
+CORRECTION = ("rollout_is_weights", "rollout_log_probs")
 
 
 def audited(cls):
@@ -82,7 +85,7 @@ def audited_train_batch(engine, train_batch, data, loss_function):
             src = Path(engine.model_config.local_path) / name
             if src.is_file():
                 shutil.copy(src, folder / "hf" / name)
-    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES) if k in data.keys()}
+    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES, *CORRECTION) if k in data.keys()}
     routers: dict[int, float] = {}
     lrs: list[float] = []
     optimizer = engine.optimizer
@@ -104,7 +107,9 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     metrics = out["metrics"] if out is not None and "metrics" in out else {}
     grad_norm = metrics.get("grad_norm")
     engine.bridge.save_weights(engine.module, folder / "hf-after")  # the weights the update left
-    torch.save({"batch": batch, "grad_norm": None if grad_norm is None else float(grad_norm),
+    from megatron.core import parallel_state as ps
+
+    torch.save({"batch": batch, "dp_rank": ps.get_data_parallel_rank(), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None, "lrs": lrs,
                 "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers},
                folder / f"rank{rank:03d}.pt")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.harness.audit import FIELDS, ROUTES
+from mcore_dapo.harness.audit import CORRECTION, FIELDS, ROUTES
 
 
 class ForcedRoutes:
@@ -58,7 +58,7 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 
 
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
-                   grads: dict | None = None) -> dict:
+                   grads: dict | None = None, is_threshold: float = 2.0) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). ``dtype``:
@@ -74,12 +74,15 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     engine_routers = {}  # layer number -> norm (each pipeline stage has its own layers; TP/DP copies agree)
     for p in parts:
         engine_routers.update(p.get("router_grad_norms", {}))
-    seqs, cols = [], {k: [] for k in FIELDS[1:]}
-    for p in parts:  # the data-parallel ranks' shares, in rank order
+    seqs, cols = [], {k: [] for k in (*FIELDS[1:], *CORRECTION)}
+    shares = {}  # each data-parallel rank's share once (its tensor- and pipeline-parallel ranks hold the same)
+    for p in parts:
+        shares.setdefault(p.get("dp_rank", len(shares)), p)
+    for p in shares.values():  # the data-parallel ranks' shares, in rank order
         seqs += p["batch"]["input_ids"]
         for k in cols:
-            cols[k] += p["batch"][k]
-    routes = [r for p in parts for r in p["batch"].get(ROUTES, [])] if force_routes else None
+            cols[k] += p["batch"].get(k, [])
+    routes = [r for p in shares.values() for r in p["batch"].get(ROUTES, [])] if force_routes else None
     routes = routes or None
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
@@ -92,9 +95,24 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         logits = model(input_ids=s[None]).logits[0].float()
         new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
     forced.close()
+    valid = mask > 0
+    # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
+    # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
+    # the same tokens, with the routes the rollout returned forced on it, are within bf16 rounding of them
+    logprob_diff = float((new.detach() - old).abs()[valid].max())
+    weights = _padded(cols["rollout_is_weights"]) if cols["rollout_is_weights"] else None
+    checks = {"logprob_max_abs_diff": logprob_diff}
+    if weights is not None and cols["rollout_log_probs"]:
+        # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold), recomputed from the
+        # reference's pi_old and the rollout's own log-probs
+        rollout_lp = _padded(cols["rollout_log_probs"])
+        ours = torch.exp(new.detach() - rollout_lp).clamp(max=is_threshold)
+        checks.update(is_weights_max_abs_diff=float((ours - weights).abs()[valid].max()),
+                      is_weights_min=float(weights[valid].min()), is_weights_max=float(weights[valid].max()),
+                      is_weights_off_one=float(((weights - 1).abs() > 1e-3)[valid].float().mean()))
     cfg = actor_config(dp_size=1, batch_num_tokens=int(mask.sum()))
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
-                                            loss_agg_mode="token-mean", config=cfg)
+                                            loss_agg_mode="token-mean", config=cfg, rollout_is_weights=weights)
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
         grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -102,7 +120,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     routers = [float(g.weight.grad.float().norm()) for g in forced.gates]  # MoE layers in order, as the engine
     return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm, "engine_loss": engine_loss,
             "engine_router_grad_norms": _by_layer(engine_routers), "reference_router_grad_norms": routers,
-            "reference_loss": float(loss), "sequences": len(seqs), "tokens": int(mask.sum()),
+            "reference_loss": float(loss.detach()), "sequences": len(seqs), "tokens": int(mask.sum()), **checks,
             "forced_routes": None if routes is None else [list(r.shape) for r in routes]}
 
 

@@ -59,6 +59,11 @@ VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
 
 REPLAY_MODES = ("off", "R2", "R3")  # --router-replay; the mode itself is the scripts' ROUTER_REPLAY
 
+# --trainer-mode: verl 0.9.1's v1 trainer modes (trainer.v1.trainer_mode); the scripts' ASYNC names them
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+# separate_async on the CPU: the rollout's own pool, one slot (one hf_cpu or vLLM server process)
+ROLLOUT_SLOTS = 1
+
 
 # rollouts that return the routed experts of what they generate on the CPU (vLLM's CPU build cannot:
 # enable_return_routed_experts needs its Model Runner V2, which needs Triton)
@@ -109,10 +114,11 @@ def script_env(files: dict, workdir: Path, gen_tp: int = 1) -> dict:
 
 
 def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
-                layout: str = "ep2") -> dict[str, tuple[str, str]]:
+                layout: str = "ep2", trainer_mode: str = "sync") -> dict[str, tuple[str, str]]:
     """key -> (the CPU run's value, the kind of change); a key the scripts do not set is added."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     world = LAYOUT_CLASSES[layout]["world"]
+    slots = world + (ROLLOUT_SLOTS if trainer_mode == "separate_async" else 0)
     out = {
         "data.max_prompt_length": (MAX_PROMPT, SIZES), "data.max_response_length": (MAX_RESPONSE, SIZES),
         "data.train_batch_size": (TRAIN_BSZ, SIZES), f"{r}.n": (N, SIZES),
@@ -127,7 +133,7 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
         "trainer.n_gpus_per_node": (world, COUNTS), "data.dataloader_num_workers": (0, COUNTS),
         # Ray on a laptop: logical CPUs for verl's many small actors, a logical GPU slot for each trainer
         # process (the plugin's cpu platform counts trainer slots as Ray's GPU resource)
-        "ray_kwargs.ray_init.num_cpus": (32, COUNTS), "ray_kwargs.ray_init.num_gpus": (world, COUNTS),
+        "ray_kwargs.ray_init.num_cpus": (32, COUNTS), "ray_kwargs.ray_init.num_gpus": (slots, COUNTS),
         "ray_kwargs.ray_init.include_dashboard": (False, COUNTS),
         "transfer_queue.backend.SimpleStorage.num_data_storage_units": (1, COUNTS),
         f"{r}.agent.num_workers": (1, COUNTS),
@@ -137,6 +143,9 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
     }
     for key, value in rollout_settings(rollout).items():
         out[key] = (value, ROLLOUT_CPU)
+    if trainer_mode == "separate_async":  # the rollout's own pool: one node, ROLLOUT_SLOTS slots
+        out[f"{r}.nnodes"] = (1, COUNTS)
+        out[f"{r}.n_gpus_per_node"] = (ROLLOUT_SLOTS, COUNTS)
     for key, value in LAYOUT_CLASSES[layout]["changes"].items():  # the script's layout at tiny size
         for role in ("actor", "ref"):
             if key.startswith("override_transformer_config.") and role == "ref":
@@ -184,6 +193,9 @@ def key_of(arg: str) -> str:
 LAYOUT_CLASSES = {
     "ep2": {"world": 2, "layers": 4, "changes": {}},
     "h100": {"world": 2, "layers": 4, "changes": {"expert_model_parallel_size": 2}},
+    # the H100 class on 4 ranks: data-parallel size 2 and expert data-parallel size 2 (TP2 x DP2; EP2 x ETP1 x
+    # expert DP2), so that the distributed optimizer shards and the update reduces over data-parallel ranks
+    "h100-dp2": {"world": 4, "layers": 4, "changes": {"expert_model_parallel_size": 2}, "script": "h100"},
     "a2": {"world": 4, "layers": 8, "changes": {
         "expert_model_parallel_size": 2,
         "override_transformer_config.num_layers_in_first_pipeline_stage": 6,
@@ -225,15 +237,37 @@ def layout_args(layout: str) -> list[str]:
         from mcore_dapo.errors import accepted
 
         raise accepted("--layout", layout, ", ".join(LAYOUT_CLASSES))
-    return layout_overrides(2) if layout == "ep2" else script_layout(layout)
+    return layout_overrides(2) if layout == "ep2" else script_layout(LAYOUT_CLASSES[layout].get("script", layout))
+
+
+def mode_overrides(trainer_mode: str) -> list[str]:
+    """The asynchronous mode's settings."""
+    if trainer_mode not in TRAINER_MODES:
+        from mcore_dapo.errors import accepted
+
+        raise accepted("--trainer-mode", trainer_mode, ", ".join(TRAINER_MODES))
+    if trainer_mode == "sync":
+        return []
+    out = [f"trainer.v1.trainer_mode={trainer_mode}",
+           "trainer.v1.sampler.max_off_policy_threshold=2", "trainer.v1.sampler.max_off_policy_strategy=drop",
+           "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
+           "algorithm.rollout_correction.bypass_mode=False"]
+    if trainer_mode == "separate_async":
+        from mcore_dapo.verl_cpu import checkpoint_engine as ce
+
+        r = "actor_rollout_ref.rollout.checkpoint_engine"
+        out += ["actor_rollout_ref.hybrid_engine=False", f"{r}.backend={ce.NAME}", f"{r}.custom_backend_module={ce.MODULE}",
+                "trainer.v1.separate_async.parameter_sync_step=1"]
+    return out
 
 
 def overrides(files: dict, workdir: Path, steps: int, lr: float = 1e-3, rollout: str = "hf_cpu",
-              router_replay: str | None = None, layout: str = "ep2", gen_tp: int = 1) -> list[str]:
+              router_replay: str | None = None, layout: str = "ep2", gen_tp: int = 1,
+              trainer_mode: str = "sync") -> list[str]:
     """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
     mode = router_replay if router_replay in ("R2", "R3") else None
-    args = script_args(script_env(files, workdir, gen_tp), layout_args(layout), mode)
-    changes = cpu_changes(files, workdir, steps, lr, rollout, layout)
+    args = script_args(script_env(files, workdir, gen_tp), layout_args(layout), mode) + mode_overrides(trainer_mode)
+    changes = cpu_changes(files, workdir, steps, lr, rollout, layout, trainer_mode)
     out, seen = [], set()
     for arg in args:
         key = key_of(arg)
@@ -266,7 +300,7 @@ def read_metrics(path: Path) -> list[dict]:
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
         extra: tuple[str, ...] = (), teach_p: float | None = None, layout: str = "ep2", gen_tp: int = 1,
-        kill_when=None) -> dict:
+        kill_when=None, trainer_mode: str = "sync") -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo.harness.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
@@ -282,7 +316,8 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     shutil.rmtree(audit_dir, ignore_errors=True)
     from mcore_dapo.harness.math_task import prepare as prepare_math
 
-    layout_args(layout)  # an unknown layout is refused before anything is prepared
+    layout_args(layout)  # an unknown layout or mode is refused before anything is prepared
+    mode_overrides(trainer_mode)
     files = prepare_math(workdir, rollout, layers=LAYOUT_CLASSES[layout]["layers"], rollout_tp=gen_tp,
                          **({} if teach_p is None else {"p_right": teach_p}))
     log = workdir / "metrics.jsonl"
@@ -299,11 +334,12 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     more = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
-                      gen_tp=gen_tp), *more, *extra]
+                      gen_tp=gen_tp, trainer_mode=trainer_mode), *more, *extra]
     t0 = time.time()
     returncode, error = run_bounded(cmd, workdir, env, timeout, steps, kill_when)
     records = read_metrics(log)
     result = {"returncode": returncode, "error": error, "rollout": rollout, "layout": layout, "gen_tp": gen_tp,
+              "trainer_mode": trainer_mode,
               "seconds": round(time.time() - t0, 1),
               "steps": len(records),
               "metrics_log": str(log), "train_log": str(workdir / "train.log"),
@@ -350,6 +386,7 @@ def per_step(result: dict) -> list[dict]:
 
 
 LAYOUT_TITLES = {"ep2": "EP2", "h100": "TP2+SP, EP2 (the H100 script's class)",
+                 "h100-dp2": "TP2+SP x DP2, EP2 x EDP2 (the H100 script's class)",
                  "a2": "PP2 6/2 x VPP2, EP2 (the A2 script's class)"}
 
 

@@ -1,5 +1,6 @@
 """Patches of other packages: registry (manifest + implementations) and the implementations,
-one module per patch (:mod:`.megatron_any`, :mod:`.megatron_cpu`, :mod:`.torch_cpu`, :mod:`.verl_cpu`, :mod:`.vllm_cpu`)."""
+one module per patch (:mod:`.megatron_any`, :mod:`.megatron_cpu`, :mod:`.torch_cpu`, :mod:`.verl_any`, :mod:`.verl_cpu`,
+:mod:`.vllm_cpu`)."""
 
 from mcore_dapo.patching.registry import apply, applied_ids, load_manifest, remove_all, status
 
@@ -8,4 +9,4 @@ __all__ = ["apply", "applied_ids", "load_manifest", "remove_all", "status", "loa
 
 def load_implementations() -> None:
     """Import the modules that register implementations (cheap: they import nothing heavy)."""
-    from mcore_dapo.patching import megatron_any, megatron_cpu, torch_cpu, verl_cpu, vllm_cpu  # noqa: F401
+    from mcore_dapo.patching import megatron_any, megatron_cpu, torch_cpu, verl_any, verl_cpu, vllm_cpu  # noqa: F401

@@ -91,27 +91,30 @@ def moe_gates(model) -> list:
 
 def sample(model, prompt_ids: list[int], max_tokens: int, *, temperature: float = 1.0, top_p: float = 1.0,
            top_k: int = -1, eos: set[int] | None = None, generator: torch.Generator | None = None,
-           want_logprobs: bool = False, want_routes: bool = False):
+           want_logprobs: bool = False, want_routes: bool = False, stop=None):
     """Token-by-token sampling with a KV cache; greedy at temperature 0. Log-probs are those of
     the sampled token under the temperature-scaled distribution (what vLLM reports).
     ``want_routes``: a fourth value, the routed experts of every token fed (prompt and response
-    but the last token), as :class:`RouteRecorder` gives them."""
+    but the last token), as :class:`RouteRecorder` gives them. ``stop``: a callable asked before each
+    token; when it returns True the tokens so far come back with the reason ``"aborted"`` (partial rollout)."""
     recorder = RouteRecorder(model) if want_routes else None
     try:
         result = _sample(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, eos=eos,
-                         generator=generator, want_logprobs=want_logprobs)
+                         generator=generator, want_logprobs=want_logprobs, stop=stop)
         return (*result, recorder.routes()) if recorder else result
     finally:
         if recorder:
             recorder.close()
 
 
-def _sample(model, prompt_ids, max_tokens, *, temperature, top_p, top_k, eos, generator, want_logprobs):
+def _sample(model, prompt_ids, max_tokens, *, temperature, top_p, top_k, eos, generator, want_logprobs, stop=None):
     eos = eos or set()
     ids = torch.tensor([prompt_ids])
     past, out, logps = None, [], []
     with torch.no_grad():
         for _ in range(max_tokens):
+            if stop is not None and stop():
+                return out, (logps if want_logprobs else None), "aborted"
             res = model(input_ids=ids, past_key_values=past, use_cache=True)
             past = res.past_key_values
             logits = res.logits[0, -1].float()
@@ -164,6 +167,11 @@ class CpuRolloutServer:
         self.global_steps = None
         self.weights_loaded = 0
         self.requests = 0
+        self.aborted = 0  # requests cut by abort_all_requests (partial rollout), to be resumed by verl's client
+        self.staged: list = []  # a sync's weights until it is committed whole
+        self.stopping = False  # abort_all_requests: in-flight requests end at their next token
+        self.running = None  # asyncio.Event, set while generation is allowed (cleared from abort to resume)
+        self.commits: list[dict] = []  # per committed sync: step, tensors, hash of what was loaded
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, image_data=None, video_data=None, **kw):
         from verl.workers.rollout.replica import TokenOutput
@@ -176,24 +184,58 @@ class CpuRolloutServer:
         want_routes = bool(self.config.enable_rollout_routing_replay)  # as verl's vLLM server asks vLLM
 
         def run():
-            with self.lock:
-                return sample(self.model, list(prompt_ids), max_tokens, temperature=float(params.get("temperature", 1.0)),
-                              top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
-                              eos=set() if params.get("ignore_eos") else self.eos, generator=self.generator,
-                              want_logprobs=want_logprobs, want_routes=want_routes)
+            with self.lock:  # the weights and the version they are of, as one
+                out = sample(self.model, list(prompt_ids), max_tokens, temperature=float(params.get("temperature", 1.0)),
+                             top_p=float(params.get("top_p", 1.0)), top_k=int(params.get("top_k", -1)),
+                             eos=set() if params.get("ignore_eos") else self.eos, generator=self.generator,
+                             want_logprobs=want_logprobs, want_routes=want_routes, stop=lambda: self.stopping)
+                return (*out, self.global_steps)
 
-        if self.queue is None:
-            self.queue = asyncio.Lock()
+        self._events()
+        await self.running.wait()  # parked while generation is paused (abort until resume), as vLLM's server
         async with self.queue:  # in arrival order (threading.Lock's waiters wake in no fixed order)
-            tokens, logprobs, reason, *routes = await asyncio.to_thread(run)
+            await self.running.wait()
+            tokens, logprobs, reason, *routes, version = await asyncio.to_thread(run)
         self.requests += 1
+        self.aborted += reason == "aborted"
         return TokenOutput(token_ids=tokens, log_probs=logprobs, stop_reason=reason,
                            routed_experts=routes[0].numpy() if routes else None,
-                           extra_fields={"global_steps": self.global_steps})
+                           extra_fields={"global_steps": version})
+
+    def _events(self) -> None:
+        if self.queue is None:  # made in the actor's event loop
+            self.queue = asyncio.Lock()
+            self.running = asyncio.Event()
+            self.running.set()
+
+    def stage(self, weights: list) -> int:
+        """A part of a sync, held until :meth:`commit` (the model is not touched)."""
+        self.staged.extend((n, t) for n, t in weights)
+        return len(weights)
+
+    def discard(self) -> int:
+        """A sync that did not complete: what was staged is dropped, the model keeps its weights."""
+        n, self.staged = len(self.staged), []
+        return n
+
+    def commit(self, global_steps=None) -> int:
+        """The staged sync loaded whole, under the generation lock: no request sees a mix of versions."""
+        weights, self.staged = self.staged, []
+        return self.load_weights(weights, global_steps)
 
     def load_weights(self, weights: list, global_steps=None) -> int:
+        import time
+
+        from mcore_dapo.verl_cpu.checkpoint_engine import StreamHash, record
+
+        t0, h = time.time(), StreamHash()
+        for name, t in weights:
+            h.meta(name, t.shape, t.dtype)
+            h.data(t)
         with self.lock:
             names = self.receiver.load_weights(weights)
+            self.commits.append({"step": global_steps, "tensors": len(weights), "hash": h.hexdigest()})
+        record("commit", self.replica_rank, global_steps, h, time.time() - t0)
         if global_steps is not None and global_steps != self.global_steps:
             # the generator restarts with each weight version: what a step samples does not depend on how many
             # draws earlier steps and validations took (a resumed run has not made them)
@@ -210,7 +252,8 @@ class CpuRolloutServer:
         return self.receiver.read_weight(name).clone()
 
     def stats(self) -> dict:
-        return {"requests": self.requests, "weights_loaded": self.weights_loaded, "global_steps": self.global_steps}
+        return {"requests": self.requests, "weights_loaded": self.weights_loaded, "global_steps": self.global_steps,
+                "aborted": self.aborted, "commits": list(self.commits)}
 
     # verl's replica/server control surface: nothing to free or pause on the CPU
     async def wake_up(self):
@@ -229,9 +272,21 @@ class CpuRolloutServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False):
+        """Partial rollout (verl's colocate_async and separate_async): generation pauses; requests in flight end
+        at their next token with the reason ``"aborted"`` and what they generated so far, which verl's
+        ``FullyAsyncLLMServerClient`` sends again, prompt and partial response, after ``resume_generation``;
+        requests arriving meanwhile wait for it."""
+        self._events()
+        self.running.clear()
+        self.stopping = True
+        await asyncio.to_thread(self.lock.acquire)  # the request in flight has returned
+        self.lock.release()
         return None
 
     async def resume_generation(self):
+        self._events()
+        self.stopping = False
+        self.running.set()
         return None
 
     async def start_profile(self, **kwargs):
@@ -263,10 +318,10 @@ def replica_class():
             self._server_address = name
 
         async def init_standalone(self):
-            from verl.workers.rollout.replica import RolloutMode
-
-            self.rollout_mode = RolloutMode.STANDALONE
-            await self.launch_servers()
+            # verl's own (verl/workers/rollout/replica.py): a resource pool of the rollout's own slots and a
+            # CheckpointEngineWorker per slot, whose server adapter (CpuServerAdapter) forwards what the
+            # checkpoint engine receives to this replica's server; then launch_servers
+            await super().init_standalone()
 
     return CpuRolloutReplica
 
@@ -292,6 +347,10 @@ def _make_adapter():
             self.sends = (rank % world) == 0
             self.server = None
 
+        @property
+        def is_leader_rank(self) -> bool:  # verl's CheckpointEngineWorker asks
+            return self.sends
+
         def _server(self):
             if self.server is None:
                 self.server = ray.get_actor(server_name(self.replica_rank))
@@ -306,18 +365,30 @@ def _make_adapter():
         async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
             if wire_format != "named_tensors":
                 raise NotImplementedError(f"hf_cpu rollout takes named tensors, not {wire_format!r}")
+            from verl.workers.rollout.utils import ensure_async_iterator
+
             global_steps = kwargs.get("global_steps")
-            bucket, size, sent = [], 0, 0
-            for name, t in weights:  # every rank runs the exporter (it gathers); rank 0 of the replica sends
-                if not self.sends:
-                    continue
-                bucket.append((name, t.detach().to("cpu", copy=True)))
-                size += t.numel() * t.element_size()
-                if size >= BUCKET_BYTES:
-                    sent += await self._server().load_weights.remote(bucket, global_steps)
-                    bucket, size = [], 0
+            bucket, size = [], 0
+            # every rank runs the exporter (it gathers); rank 0 of the replica sends. The server stages the
+            # buckets and loads them whole at the end: a sync that fails on the way (a transport's checksum, a
+            # killed trainer) leaves the rollout on the weights it had
+            try:
+                async for name, t in ensure_async_iterator(weights):
+                    if not self.sends:
+                        continue
+                    bucket.append((name, t.detach().to("cpu", copy=True)))
+                    size += t.numel() * t.element_size()
+                    if size >= BUCKET_BYTES:
+                        await self._server().stage.remote(bucket)
+                        bucket, size = [], 0
+                if self.sends:
+                    await self._server().stage.remote(bucket)
+            except BaseException:
+                if self.sends:
+                    await self._server().discard.remote()
+                raise
             if self.sends:
-                sent += await self._server().load_weights.remote(bucket, global_steps)
+                sent = await self._server().commit.remote(global_steps)
                 log.info("hf_cpu rollout replica %d received %d tensors", self.replica_rank, sent)
 
     return CpuServerAdapter

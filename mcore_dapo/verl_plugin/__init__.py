@@ -11,7 +11,7 @@ It does light work only, and never imports Megatron (MindSpeed must come first o
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
 * registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`mcore_dapo.verl_cpu.platform`),
   chosen by verl only when no accelerator answers and :func:`mcore_dapo.devices.detect` says ``cpu``, and
-  applies the patch registry's verl patches for it;
+  applies the patch registry's verl patches for the host's device;
 * registers this project's engine with verl's ``EngineRegistry`` once verl's
   engine package is imported (:mod:`.engine`; for verl's ``cpu`` device its subclass in
   :mod:`mcore_dapo.verl_cpu.engine`);
@@ -54,8 +54,19 @@ def _on_import() -> None:
     from mcore_dapo.verl_plugin.engine import register_when_imported
 
     platform.register()
+    _apply_verl_patches()
     register_when_imported()
     after_import("verl.workers.rollout", rollout.register)
+
+
+def _apply_verl_patches() -> None:
+    """The registry's verl patches for the host's device (the ``cpu`` platform applies its own when it registers:
+    :func:`mcore_dapo.verl_cpu.platform.register`)."""
+    from mcore_dapo.devices import detect
+    from mcore_dapo.patching import apply, load_implementations
+
+    load_implementations()
+    apply(detect(), package="verl")
 
 
 _on_import()

@@ -1,3 +1,4 @@
-"""Patches for what an older torch's gloo lacks (see patches/manifest.toml), one module each."""
+"""Patches of torch on the CPU (see patches/manifest.toml): what an older torch's gloo lacks, and pinned memory
+without an accelerator; one module each."""
 
-from mcore_dapo.patching.torch_cpu import gloo_average  # noqa: F401
+from mcore_dapo.patching.torch_cpu import gloo_average, pin_memory  # noqa: F401

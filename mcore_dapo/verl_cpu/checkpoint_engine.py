@@ -1,0 +1,276 @@
+"""``actor_rollout_ref.rollout.checkpoint_engine.backend=gloo``: verl's weight transport between the trainer
+and a rollout on its own processes (``trainer.v1.trainer_mode=separate_async``), over gloo, for hosts without an
+accelerator.
+
+verl 0.9.1 ships accelerator-bound transports only (``verl/checkpoint_engine/``: ``nccl`` needs cupy and CUDA,
+the HCCL engine registers the same name and needs torch_npu, ``nixl``, ``mooncake``, ``kimi_ckpt_engine`` and
+``delta_sharded`` need a device as well). Its registry takes a plugin's backend through
+``checkpoint_engine.custom_backend_module``, which verl imports in the trainer's workers
+(``verl/workers/engine_workers.py``), in the rollout's ``CheckpointEngineWorker`` and in the trainer's
+``CheckpointEngineManager`` (``verl/checkpoint_engine/base.py``) before the backend is instantiated: naming this
+module there registers :class:`GlooCheckpointEngine`. Which backend a device uses is the device adapter's
+(:meth:`mcore_dapo.devices.base.DeviceAdapter.checkpoint_engine`).
+
+The design is verl's HCCL engine's (``hccl_checkpoint_engine.py``): one sender, the trainer's rank 0, and the
+rollout workers as ranks 1..n of a process group of their own, rebuilt at every sync; the trainer's other ranks
+walk the weight generator (producing each tensor is collective over the trainer's ranks) and send nothing. The
+tensors are cut into buckets with verl's ``split_weight_chunks`` and put back together with its
+``merge_weight_chunks``; a bucket's metadata travels in the same gloo group (pickled, its length first) instead
+of a ZMQ socket. Two checks verl's engines do not make:
+
+* **The same stream on every trainer rank.** verl's NCCL engine lets relay ranks recompute bucket boundaries from
+  their own copy of the stream (``_relay_weights``), so every trainer rank must yield the same names, shapes and
+  dtypes in the same order (the plugin's exporter does: :func:`mcore_dapo.resharding.export.export_weights`
+  yields every tensor on every rank). Each rank hashes what it walked, and the trainer's ranks compare the hashes
+  over their own process group after the sync: a rank that yielded another sequence fails the sync, naming it.
+* **All or nothing.** The sender hashes every byte it sends and sends the hash last; a receiver that computes
+  another one raises before its consumer commits (the ``hf_cpu`` server stages a sync and applies it only whole,
+  :meth:`mcore_dapo.verl_cpu.rollout.CpuRolloutServer.commit`): a sync cut short or corrupted leaves the rollout on
+  the weights it had.
+
+With ``MCORE_DAPO_AUDIT_DIR`` set, each side appends one JSON line per sync to ``<dir>/sync.jsonl`` (side, rank,
+step, entries, bytes, hash): ``send`` and ``receive`` hash the chunks on the wire, ``export`` the whole tensors the
+trainer yielded, as the ``hf_cpu`` server's ``commit`` line hashes what it loaded; the tests compare them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pickle
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+NAME = "gloo"
+MODULE = __name__
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class MasterMetadata:
+    host: str
+    port: int
+
+
+class StreamHash:
+    """blake2b over a weight stream: each tensor's (or chunk's) name, shape and dtype (``meta``) and, for the
+    bytes sent, its data."""
+
+    def __init__(self):
+        import hashlib
+
+        self._h = hashlib.blake2b(digest_size=16)
+        self.entries = 0
+        self.bytes = 0
+
+    def meta(self, name: str, shape, dtype) -> None:
+        self._h.update(repr((name, tuple(shape), str(dtype))).encode())
+        self.entries += 1
+
+    def data(self, chunk: torch.Tensor) -> None:
+        self._h.update(chunk.contiguous().view(torch.uint8).numpy().tobytes())
+        self.bytes += chunk.numel() * chunk.element_size()
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+
+def record(side: str, rank: int, step, h: StreamHash, seconds: float) -> None:
+    root = os.environ.get("MCORE_DAPO_AUDIT_DIR")
+    if not root:
+        return
+    line = {"side": side, "rank": rank, "step": step, "entries": h.entries, "bytes": h.bytes,
+            "hash": h.hexdigest(), "seconds": round(seconds, 3), "pid": os.getpid()}
+    Path(root).mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / "sync.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def same_stream_on_every_rank(digest: str, group=None) -> None:
+    """Raise when the trainer's ranks walked different weight streams (names, shapes, dtypes, order)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    digests = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, digest, group=group)
+    if len(set(digests)) > 1:
+        first = digests[0]
+        bad = [r for r, d in enumerate(digests) if d != first]
+        raise RuntimeError(f"the trainer's ranks {bad} yielded another weight stream than rank 0 (names, shapes, "
+                           "dtypes or order differ): every rank must walk get_per_tensor_param in the same order")
+
+
+def _register():
+    from verl.checkpoint_engine.base import (CheckpointEngine, CheckpointEngineRegistry, TensorMeta,
+                                             merge_weight_chunks, split_weight_chunks)
+
+    @CheckpointEngineRegistry.register(NAME)
+    class GlooCheckpointEngine(CheckpointEngine):
+        """Weights from the trainer's rank 0 to every rollout worker over a gloo group (see the module)."""
+
+        def __init__(self, bucket_size: int, is_master: bool = False, timeout_s: float = 600.0, **kwargs):
+            self.bucket_size = int(bucket_size)
+            self.is_master = is_master
+            self.timeout_s = float(timeout_s)
+            self.rank = None
+            self.world_size = None
+            self.group = None
+            self.store = None
+            self.port = None
+            self.last_hash = None
+
+        def prepare(self):
+            if not self.is_master:
+                return None
+            import ray
+
+            from verl.utils.net_utils import get_free_port
+
+            host = ray.util.get_node_ip_address().strip("[]") if ray.is_initialized() else "127.0.0.1"
+            self.port, _ = get_free_port(host)
+            return MasterMetadata(host=host, port=int(self.port))
+
+        @classmethod
+        def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list):
+            world = rollout_world_size + 1
+            actor = {"rank": [0] + [-1] * (actor_wg_world_size - 1), "world_size": [world] * actor_wg_world_size,
+                     "master_metadata": [metadata[0]] * actor_wg_world_size}
+            rollout = {"rank": list(range(1, world)), "world_size": [world] * rollout_world_size,
+                       "master_metadata": [metadata[0]] * rollout_world_size}
+            return actor, rollout
+
+        def init_process_group(self, rank: int, world_size: int, master_metadata: MasterMetadata):
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            self.rank, self.world_size = rank, world_size
+            if rank < 0:
+                return
+            timeout = timedelta(seconds=self.timeout_s)
+            # a store and a group of their own: the trainer's processes already hold the default group (Megatron's)
+            self.store = dist.TCPStore(master_metadata.host, master_metadata.port, world_size, is_master=rank == 0,
+                                       timeout=timeout)
+            self.group = dist.ProcessGroupGloo(dist.PrefixStore("mcore_dapo_ckpt", self.store), rank, world_size,
+                                               timeout)
+            self._broadcast(torch.ones(1, dtype=torch.uint8))  # every member is in before the first bucket
+
+        def finalize(self):
+            self.group = None
+            self.store = None
+            self.rank = self.world_size = None
+
+        def _broadcast(self, t: torch.Tensor) -> None:
+            import torch.distributed as dist
+
+            opts = dist.BroadcastOptions()
+            opts.rootRank, opts.rootTensor = 0, 0
+            self.group.broadcast([t], opts).wait()
+
+        def _send_object(self, obj) -> None:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            self._broadcast(torch.tensor([data.numel()], dtype=torch.int64))
+            self._broadcast(data)
+
+        def _receive_object(self):
+            n = torch.zeros(1, dtype=torch.int64)
+            self._broadcast(n)
+            data = torch.empty(int(n), dtype=torch.uint8)
+            self._broadcast(data)
+            return pickle.loads(data.numpy().tobytes())
+
+        @torch.no_grad()
+        async def send_weights(self, weights, global_steps: int | None = None):
+            from verl.workers.rollout.utils import ensure_async_iterator
+
+            t0, walked = time.time(), StreamHash()
+            if self.rank is None or self.rank < 0:  # not a sender: the generator is collective, walk it
+                async for name, weight in ensure_async_iterator(weights):
+                    walked.meta(name, weight.shape, weight.dtype)
+                same_stream_on_every_rank(walked.hexdigest())
+                return {}
+
+            sent, exported = StreamHash(), StreamHash()
+            bucket = torch.empty(self.bucket_size, dtype=torch.uint8)
+            meta: list = []
+            offset = 0
+
+            def walk():  # the stream as verl's split_weight_chunks takes it, hashed on the way
+                async def gen():
+                    async for name, weight in ensure_async_iterator(weights):
+                        walked.meta(name, weight.shape, weight.dtype)
+                        weight = weight.detach().to("cpu").contiguous()
+                        exported.meta(name, weight.shape, weight.dtype)
+                        exported.data(weight)
+                        yield name, weight
+                return gen()
+
+            async for tensor_meta, chunk in split_weight_chunks(walk(), self.bucket_size):
+                if offset + tensor_meta.chunk_size > self.bucket_size:
+                    self._send_object({"meta": meta, "is_last": False})
+                    self._broadcast(bucket)
+                    meta, offset = [], 0
+                tensor_meta.offset = offset
+                meta.append(tensor_meta)
+                bucket[offset:offset + tensor_meta.chunk_size] = chunk
+                sent.meta(tensor_meta.name, tensor_meta.shape, tensor_meta.dtype)
+                sent.data(chunk)
+                offset += tensor_meta.chunk_size
+            sent.meta("end", (), torch.uint8)
+            self.last_hash = sent.hexdigest()
+            self._send_object({"meta": meta, "is_last": True, "hash": self.last_hash, "bytes": sent.bytes})
+            self._broadcast(bucket)
+            same_stream_on_every_rank(walked.hexdigest())
+            seconds = time.time() - t0
+            record("send", 0, global_steps, sent, seconds)
+            record("export", 0, global_steps, exported, seconds)  # by tensor: what a consumer's commit hashes
+            log.info("gloo checkpoint engine: step %s, %d bytes in %.2f s", global_steps, sent.bytes, seconds)
+            return {"timing_s/weight_sync_transport": seconds}
+
+        @torch.no_grad()
+        async def receive_weights(self, global_steps: int | None = None):
+            async for name, weight in merge_weight_chunks(self._chunks(global_steps), self.bucket_size):
+                yield name, weight
+
+        async def _chunks(self, global_steps):
+            if self.rank is None or self.rank <= 0:
+                raise RuntimeError("the gloo checkpoint engine receives on the rollout's ranks (1..n) only")
+            t0, got = time.time(), StreamHash()
+            while True:
+                head = self._receive_object()
+                bucket = torch.empty(self.bucket_size, dtype=torch.uint8)
+                self._broadcast(bucket)
+                for m in head["meta"]:
+                    chunk = bucket[m.offset:m.offset + m.chunk_size].clone()
+                    got.meta(m.name, m.shape, m.dtype)
+                    got.data(chunk)
+                    if m is head["meta"][-1] and head["is_last"]:
+                        got.meta("end", (), torch.uint8)
+                        self._check(head, got, global_steps, t0)
+                    yield m, chunk
+                if head["is_last"]:
+                    if not head["meta"]:
+                        got.meta("end", (), torch.uint8)
+                        self._check(head, got, global_steps, t0)
+                    return
+
+        def _check(self, head: dict, got: StreamHash, global_steps, t0: float) -> None:
+            # before the last tensor reaches the consumer: a receiver that commits after the stream's end never
+            # commits a stream whose bytes differ from what was sent
+            record("receive", self.rank, global_steps, got, time.time() - t0)
+            if got.hexdigest() != head["hash"] or got.bytes != head["bytes"]:
+                raise RuntimeError(f"weights of step {global_steps} arrived corrupted: {got.bytes} bytes hashing to "
+                                   f"{got.hexdigest()}, sent {head['bytes']} bytes hashing to {head['hash']}; the "
+                                   "rollout keeps the weights it had")
+
+    GlooCheckpointEngine.__module__ = MODULE
+    return GlooCheckpointEngine
+
+
+GlooCheckpointEngine = _register()

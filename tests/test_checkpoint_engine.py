@@ -1,0 +1,57 @@
+"""The gloo checkpoint engine (``mcore_dapo.verl_cpu.checkpoint_engine``, verl's weight transport for
+``separate_async`` on a host without an accelerator) between real processes, as verl's CheckpointEngineManager
+drives it (``harness/check_checkpoint_engine.py``: two trainer ranks with a gloo group of their own, one rollout
+rank): the tensors arrive bit for bit, over several buckets and a tensor split in chunks; a byte changed on the
+way fails the sync before the consumer commits (the rollout keeps the weights it had); a trainer rank that yields
+another stream than rank 0 fails the sync naming it. And verl registers it through
+``checkpoint_engine.custom_backend_module``. Where: M, A; ``cpu_only`` (gloo between host processes)."""
+
+import pytest
+
+pytestmark = [pytest.mark.cpu_only, pytest.mark.timeout(600)]
+
+pytest.importorskip("verl")
+
+
+def _run(tmp_path, mutation):
+    from mcore_dapo.harness.check_checkpoint_engine import run
+
+    return run(tmp_path / mutation, mutation)
+
+
+def test_weights_arrive_bit_for_bit_and_the_hashes_agree(tmp_path):
+    r = _run(tmp_path, "none")
+    assert r["errors"] == {"trainer0": None, "trainer1": None, "rollout0": None}, r["errors"]
+    assert r["received"] == {"names": r["sent"], "committed": True, "equal": True}
+    send = [s for s in r["sync"] if s["side"] == "send"]
+    receive = [s for s in r["sync"] if s["side"] == "receive"]
+    assert len(send) == len(receive) == 1 and send[0]["step"] == receive[0]["step"] == 3
+    assert send[0]["hash"] == receive[0]["hash"] and send[0]["bytes"] == receive[0]["bytes"] > 4096  # > one bucket
+
+
+def test_a_corrupted_bucket_fails_before_the_consumer_commits(tmp_path):
+    # mutation: one byte of the second bucket flipped on the rollout's side after its broadcast
+    r = _run(tmp_path, "corrupt")
+    assert "arrived corrupted" in (r["errors"]["rollout0"] or ""), r["errors"]
+    assert r["received"]["committed"] is False  # the last tensor never reached the consumer
+    assert len(r["received"]["names"]) < len(r["sent"])
+
+
+def test_a_trainer_rank_walking_another_order_fails_the_sync(tmp_path):
+    # mutation: trainer rank 1 yields its tensors in another order than rank 0 (verl's relay ranks would cut
+    # other bucket boundaries from such a stream)
+    r = _run(tmp_path, "order")
+    for rank in ("trainer0", "trainer1"):
+        assert "ranks [1] yielded another weight stream than rank 0" in (r["errors"][rank] or ""), r["errors"]
+
+
+def test_verl_finds_the_backend_through_custom_backend_module():
+    from mcore_dapo.verl_cpu import checkpoint_engine as ce
+    from verl.checkpoint_engine import CheckpointEngineRegistry
+    from verl.utils.import_utils import import_external_libs
+
+    import_external_libs(ce.MODULE)  # what verl's workers and its CheckpointEngineManager do with the key
+    assert CheckpointEngineRegistry.get(ce.NAME) is ce.GlooCheckpointEngine
+    actor, rollout = ce.GlooCheckpointEngine.build_topology(3, 2, ["m", None, None, None, None])
+    assert actor["rank"] == [0, -1, -1] and rollout["rank"] == [1, 2]
+    assert actor["world_size"] == [3] * 3 and rollout["world_size"] == [3] * 2
