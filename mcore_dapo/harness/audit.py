@@ -35,6 +35,7 @@ ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sam
 # with verl's rollout correction (algorithm.rollout_correction, the asynchronous modes): the importance weights
 # the update multiplies its policy-gradient terms with, and the rollout's own log-probs they come from
 CORRECTION = ("rollout_is_weights", "rollout_log_probs")
+KL = "ref_log_prob"  # with the KL loss on (actor.use_kl_loss): the reference engine's log-probs
 
 
 def audited(cls):
@@ -85,7 +86,7 @@ def audited_train_batch(engine, train_batch, data, loss_function):
             src = Path(engine.model_config.local_path) / name
             if src.is_file():
                 shutil.copy(src, folder / "hf" / name)
-    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES, *CORRECTION) if k in data.keys()}
+    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES, *CORRECTION, KL) if k in data.keys()}
     routers: dict[int, float] = {}
     lrs: list[float] = []
     optimizer = engine.optimizer

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.harness.audit import CORRECTION, FIELDS, ROUTES
+from mcore_dapo.harness.audit import CORRECTION, FIELDS, KL, ROUTES
 
 
 class ForcedRoutes:
@@ -58,10 +58,11 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 
 
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
-                   grads: dict | None = None, is_threshold: float = 2.0) -> dict:
+                   grads: dict | None = None, settings: dict | None = None, routes_shift: int = 0) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
-    the reference routes by itself even when the batch carries routes (for comparisons). ``dtype``:
+    the reference routes by itself even when the batch carries routes (for comparisons); ``routes_shift``: the
+    routes moved by that many tokens (a token-order mutation the per-token check must see). ``dtype``:
     the HF model's (``torch.bfloat16`` shows how far bf16 rounding alone moves the loss)."""
     from transformers import AutoModelForCausalLM
 
@@ -74,7 +75,8 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     engine_routers = {}  # layer number -> norm (each pipeline stage has its own layers; TP/DP copies agree)
     for p in parts:
         engine_routers.update(p.get("router_grad_norms", {}))
-    seqs, cols = [], {k: [] for k in (*FIELDS[1:], *CORRECTION)}
+    settings = {**LOSS_DEFAULTS, **(settings or {})}
+    seqs, cols = [], {k: [] for k in (*FIELDS[1:], *CORRECTION, KL)}
     shares = {}  # each data-parallel rank's share once (its tensor- and pipeline-parallel ranks hold the same)
     for p in parts:
         shares.setdefault(p.get("dp_rank", len(shares)), p)
@@ -84,6 +86,8 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             cols[k] += p["batch"].get(k, [])
     routes = [r for p in shares.values() for r in p["batch"].get(ROUTES, [])] if force_routes else None
     routes = routes or None
+    if routes is not None and routes_shift:  # a mutation: each token gets another token's routes
+        routes = [r.roll(routes_shift, 0) for r in routes]
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
                                                  attn_implementation="eager").train()
@@ -106,13 +110,23 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold), recomputed from the
         # reference's pi_old and the rollout's own log-probs
         rollout_lp = _padded(cols["rollout_log_probs"])
-        ours = torch.exp(new.detach() - rollout_lp).clamp(max=is_threshold)
+        ours = torch.exp(new.detach() - rollout_lp).clamp(max=float(settings["rollout_is_threshold"]))
         checks.update(is_weights_max_abs_diff=float((ours - weights).abs()[valid].max()),
                       is_weights_min=float(weights[valid].min()), is_weights_max=float(weights[valid].max()),
                       is_weights_off_one=float(((weights - 1).abs() > 1e-3)[valid].float().mean()))
     cfg = actor_config(dp_size=1, batch_num_tokens=int(mask.sum()))
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
                                             loss_agg_mode="token-mean", config=cfg, rollout_is_weights=weights)
+    if settings["use_kl_loss"]:  # verl's ppo_loss (verl/workers/utils/losses.py): + coef * token-mean KL to the ref
+        from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
+
+        if not cols[KL]:
+            raise ValueError(f"{folder.name}: the KL loss is on but the batch holds no {KL}")
+        kld = kl_penalty(logprob=new, ref_logprob=_padded(cols[KL]), kl_penalty=settings["kl_loss_type"])
+        kl = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode="token-mean", dp_size=1,
+                      batch_num_tokens=int(mask.sum()))
+        loss = loss + float(settings["kl_loss_coef"]) * kl
+        checks["reference_kl_loss"] = float(kl.detach())
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
         grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -122,6 +136,12 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             "engine_router_grad_norms": _by_layer(engine_routers), "reference_router_grad_norms": routers,
             "reference_loss": float(loss.detach()), "sequences": len(seqs), "tokens": int(mask.sum()), **checks,
             "forced_routes": None if routes is None else [list(r.shape) for r in routes]}
+
+
+# what the reference's loss needs of the run's settings where the run leaves them to verl's defaults
+# (verl/trainer/config/actor/actor.yaml: use_kl_loss false, kl_loss_type low_var_kl;
+# verl/trainer/config/algorithm/rollout_correction.yaml: rollout_is_threshold 2.0)
+LOSS_DEFAULTS = {"use_kl_loss": False, "kl_loss_coef": 0.0, "kl_loss_type": "low_var_kl", "rollout_is_threshold": 2.0}
 
 
 def _by_layer(norms: dict) -> list[float]:
@@ -177,17 +197,29 @@ def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
             "weights_max_abs_diff": worst, "weights_compared": total}
 
 
-def reference(root: str | Path, dtype: torch.dtype = torch.float32) -> list[dict]:
+def run_settings(root: Path) -> dict:
+    """The loss settings of the run whose audit this is (``settings.json``, which :func:`mcore_dapo.harness.tiny_dapo.run`
+    writes from the run's overrides), beside the steps or beside the folder a linked step comes from."""
+    steps = sorted(root.glob("step-*"))
+    for folder in [root, *({s.resolve().parent for s in steps[:1]})]:
+        if (folder / "settings.json").is_file():
+            return json.loads((folder / "settings.json").read_text())
+    return {}
+
+
+def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: dict | None = None) -> list[dict]:
     """Every audited step recomputed, and the optimizer step chained over them (:class:`ReferenceAdam`):
     the weights each update left compared with the reference's (:func:`weights_after`)."""
     from transformers import AutoModelForCausalLM
 
     out, adam = [], None
+    if settings is None:
+        settings = run_settings(Path(root))
     for f in sorted(Path(root).glob("step-*")):
         if not any(f.glob("rank*.pt")):
             continue
         grads: dict = {}
-        r = reference_step(f, dtype=dtype, grads=grads)
+        r = reference_step(f, dtype=dtype, grads=grads, settings=settings)
         if (f / "hf-after").is_dir():
             part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
             if adam is None:

@@ -32,7 +32,11 @@ from pathlib import Path
 import torch
 
 STEPS, KILL_STEP, SAVE_FREQ = 4, 3, 2
-LAYOUT = "h100"  # the H100 script's layout class at tiny size (TP2 with sequence parallelism, EP2, ETP1)
+# the H100 script's layout class at tiny size on 4 ranks (TP2 with sequence parallelism, EP2, ETP1; data-parallel
+# size 2 and expert data-parallel size 2: the distributed optimizer shards, the update reduces over DP)
+LAYOUT = "h100-dp2"
+# generation overlapped with training, the rollout on its own process, weights through the gloo checkpoint engine
+TRAINER_MODE = "separate_async"
 
 
 def trainer_run() -> dict:
@@ -41,7 +45,7 @@ def trainer_run() -> dict:
 
     # R3 where Megatron has routing replay (0.16 on); the same run without replay options on the 0.12.1 line
     replay = "R3" if megatron_compat.supports_routing_replay() else None
-    return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT}
+    return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT, "trainer_mode": TRAINER_MODE}
 
 
 def started(audit_dir: Path, step: int):

@@ -287,6 +287,21 @@ UNDECLARED = {"ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.include_dashb
               "actor_rollout_ref.rollout.enable_sleep_mode"}
 
 
+# the settings of the run's Hydra overrides that the audit's reference loss needs, by verl key
+LOSS_KEYS = {"use_kl_loss": "actor_rollout_ref.actor.use_kl_loss", "kl_loss_coef": "actor_rollout_ref.actor.kl_loss_coef",
+             "kl_loss_type": "actor_rollout_ref.actor.kl_loss_type",
+             "rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold"}
+
+
+def loss_settings(args: list[str]) -> dict:
+    """What the run's overrides set of :data:`LOSS_KEYS` (the last value of a key wins, as in Hydra); keys they leave
+    to verl's defaults are absent (the reference takes verl's, :data:`mcore_dapo.harness.audit_reference.LOSS_DEFAULTS`)."""
+    import yaml
+
+    values = {key_of(a): a.split("=", 1)[1] for a in args if "=" in a}
+    return {name: yaml.safe_load(values[key]) for name, key in LOSS_KEYS.items() if key in values}
+
+
 def log_tail(path: Path, lines: int = 40) -> str:
     """The last ``lines`` lines of a run's log, for a failure message ("" when the run wrote none)."""
     path = Path(path)
@@ -329,12 +344,14 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
         # vLLM's CPU workers bind their OpenMP threads one NUMA node each (vllm/utils/ompmultiprocessing.py),
         # and refuse more workers than nodes: a one-node host runs the rollout's TP ranks unbound
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    if audit:
-        env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
     more = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
                       gen_tp=gen_tp, trainer_mode=trainer_mode), *more, *extra]
+    if audit:
+        env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
+        audit_dir.mkdir(parents=True)
+        (audit_dir / "settings.json").write_text(json.dumps(loss_settings(cmd[3:])))
     t0 = time.time()
     returncode, error = run_bounded(cmd, workdir, env, timeout, steps, kill_when)
     records = read_metrics(log)
