@@ -263,3 +263,13 @@ def test_an_audited_update_is_planned_from_its_launch(tmp_path, launch):
     alone.mkdir(parents=True)
     p = planned_update(alone, {"optimizer": ENGINE, "lr": 1e-3})
     assert (p["optimizer_source"], p["settings"], p["optimizer_failures"]) == ("engine", ENGINE, [])
+
+
+def test_groups_drawn_counts_trained_and_evicted_groups():
+    from mcore_dapo.harness.resume import groups_drawn
+
+    # 4 steps of 4 groups, dynamic sampling evicting 1, none, 2 and none: 16 + 3 prompts taken from the loader
+    metrics = [{"training/filter_groups/evicted_samples": 1.0}, {}, {"training/filter_groups/evicted_samples": 2.0},
+               {"critic/score/mean": 0.0}]
+    assert groups_drawn(metrics, 4) == 19
+    assert groups_drawn(metrics[:2], 4) == 9
