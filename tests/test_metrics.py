@@ -2,6 +2,7 @@
 summaries, comparison and plots."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from mcore_dapo.cli.analysis import main as cli
 from mcore_dapo.errors import UserError
 from mcore_dapo.metrics import Batch, parse_line, read_run, summarise, with_throughputs
 from mcore_dapo.metrics.compare import HIGHER, LOWER, compare
+from mcore_dapo.metrics.throughput import world_from_log
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "metrics"
@@ -23,11 +25,19 @@ def guide_log() -> Path:
     return GUIDE_LOG
 
 
-def test_guide_e2e_tps_equals_the_logged_throughput(guide_log):
+def test_guide_e2e_tps_is_the_guide_formula_by_hand(guide_log):
+    # step 9's raw fields, read here with a regex (not the parser), in the guide's formula (section 3.3:
+    # (response_length_mean + prompt_length_mean) x global_batch_size x n_samples_per_prompt / world_size / time_all)
+    # with the guide run's sizes: train_prompt_bsz=32, n_resp_per_prompt=16, NNODES=4 x n_gpus_per_node=8
+    raw = {k: float(v) for k, v in re.findall(r"\b(response_length/mean|prompt_length/mean|timing_s/step):([-0-9.e+]+)",
+                                              guide_log.read_text())}
+    by_hand = (raw["response_length/mean"] + raw["prompt_length/mean"]) * 32 * 16 / (4 * 8) / raw["timing_s/step"]
+    assert round(by_hand, 2) == 251.87
     run = read_run(guide_log)
-    m = with_throughputs(run, Batch())[9]  # world size solved from perf/throughput
-    assert m["e2e_tps"] == pytest.approx(m["perf/throughput"], rel=1e-12)
-    assert round(m["e2e_tps"], 2) == 251.87
+    # without the batch sizes: verl's perf/total_num_tokens over the world size solved from perf/throughput, which
+    # must come out as the guide's 32 devices
+    assert world_from_log(run.steps[9]) == 4 * 8
+    assert with_throughputs(run, Batch())[9]["e2e_tps"] == pytest.approx(by_hand, rel=1e-12)
 
 
 def test_guide_formula_with_the_batch_sizes_gives_the_same(guide_log):

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -138,14 +139,36 @@ def test_dry_run_invalid(overrides, message, monkeypatch, capsys):
     assert message in lines[-1] and lines[-1].startswith("error: ")
 
 
-def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze(monkeypatch, capsys):
-    # the guide's FSDP script zeroes three HF dropouts; on the Megatron path they become TransformerConfig's
+def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze(monkeypatch, capsys, tmp_path):
+    # the guide's FSDP script sets three HF dropouts (to 0); on the Megatron path they become TransformerConfig's.
+    # The bridge's own dropouts are 0 too, so values other than 0 show that the keys reach it: the engine's
+    # TransformerConfig built (mcore_dapo.verl_plugin.engine._build_tf_config, what the engine runs at init) from
+    # the dry run's composed config, with verl's own config classes, as verl's worker builds them
+    from omegaconf import OmegaConf
+
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from mcore_dapo.verl_plugin.engine import _build_tf_config
+
+    composed = tmp_path / "composed.yaml"
     p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh",
-                     "+actor_rollout_ref.model.override_config.attention_dropout=0.",
-                     "+actor_rollout_ref.model.override_config.embd_pdrop=0.",
-                     "+actor_rollout_ref.model.override_config.resid_pdrop=0.",
-                     "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True")
+                     "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
+                     "+actor_rollout_ref.model.override_config.embd_pdrop=0.2",
+                     "+actor_rollout_ref.model.override_config.resid_pdrop=0.2",
+                     "+actor_rollout_ref.actor.megatron.override_mcore_model_config.moe_config.freeze_moe_router=True",
+                     "actor_rollout_ref.model.use_remove_padding=False",  # no packed attention on this machine
+                     MCORE_DAPO_CONFIG_OUT=str(composed))
     assert p.returncode == 0, p.stderr[-2000:]
+    c = OmegaConf.load(composed)
+    c.actor_rollout_ref.model.path = str(ROOT / "configs" / "models" / "qwen3-30b-a3b")  # its config.json only
+    c.actor_rollout_ref.model.load_tokenizer = False
+    engine_config = omega_conf_to_dataclass(c.actor_rollout_ref.actor.megatron)
+    model_config = omega_conf_to_dataclass(c.actor_rollout_ref.model)
+    engine_config.use_remove_padding = model_config.get("use_remove_padding", False)  # verl/workers/engine_workers.py
+    engine = types.SimpleNamespace(engine_config=engine_config, model_config=model_config)
+    _build_tf_config(engine)
+    assert (engine.tf_config.attention_dropout, engine.tf_config.hidden_dropout) == (0.1, 0.2)
+    assert engine.mcore_freeze_router is True  # the routers' weights are frozen from it (_build_megatron_module)
 
 
 def test_model_settings_become_transformer_config_fields():

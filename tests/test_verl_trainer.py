@@ -200,6 +200,9 @@ LOGPROB_ABS, IS_WEIGHT_ABS = 5e-2, 5e-2
 def check_audit(audit, threshold_is=True):
     lr_sum, updates = 0.0, 0
     for a in audit:
+        # the optimizer settings and learning rate the launch configured (the run's overrides composed with verl's
+        # config, mapped by verl's own init_megatron_optim_config) are those the engine's optimizer held
+        assert a["optimizer_source"] == "launch" and a["optimizer_failures"] == [], a
         assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), a
         assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= (
             GRAD_NORM_REL * a["reference_grad_norm"] + GRAD_NORM_ABS), a

@@ -119,11 +119,14 @@ def audited_train_batch(engine, train_batch, data, loss_function):
 
 def optimizer_settings(optimizer) -> dict:
     """The Adam settings of Megatron's optimizer (``OptimizerConfig``; a chained optimizer's first: verl builds
-    the dense and expert parts with one config)."""
+    the dense and expert parts with one config), and the weight decays its parameter groups apply
+    (``group_weight_decays``, set by the LR scheduler)."""
     cfg = getattr(optimizer, "config", None)
     if cfg is None and getattr(optimizer, "chained_optimizers", None):
         cfg = optimizer.chained_optimizers[0].config
-    return {k: float(getattr(cfg, k)) for k in ("adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "clip_grad")}
+    out = {k: float(getattr(cfg, k)) for k in ("adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "clip_grad")}
+    out["group_weight_decays"] = sorted({float(g["weight_decay"]) for g in optimizer.param_groups})
+    return out
 
 
 def _update_loss(engine, out) -> float | None:

@@ -11,6 +11,7 @@ replay does. Each MoE router's gradient norm is given beside the engine's.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -153,8 +154,8 @@ class ReferenceAdam:
     """Megatron's optimizer step on the reference side, chained over the audited steps: fp32 main weights
     (at the first step the engine's bf16 weights, as Megatron's mixed-precision optimizer starts from its
     model's parameters), the global-norm clip, decoupled Adam (torch's AdamW, as Megatron's Adam) with
-    Megatron's default weight-decay groups (none for 1-D parameters), the engine's settings and each step's
-    learning rate (``rank*.pt``: ``optimizer``, ``lr``), fed with the reference's own gradients."""
+    Megatron's default weight-decay groups (none for 1-D parameters), the settings and each step's learning
+    rate the launch configured (:func:`planned_update`), fed with the reference's own gradients."""
 
     def __init__(self, model, settings: dict):
         self.main = {n: p.detach().float().clone().requires_grad_(True) for n, p in model.named_parameters()}
@@ -164,6 +165,13 @@ class ReferenceAdam:
         self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": settings["weight_decay"]},
                                       {"params": flat, "weight_decay": 0.0}], lr=0.0,
                                      betas=(settings["adam_beta1"], settings["adam_beta2"]), eps=settings["adam_eps"])
+
+    def configure(self, settings: dict) -> None:
+        """This step's settings (a resumed run's launch may give other ones than the first run's)."""
+        self.clip = settings["clip_grad"]
+        for group in self.opt.param_groups:
+            group["betas"], group["eps"] = (settings["adam_beta1"], settings["adam_beta2"]), settings["adam_eps"]
+        self.opt.param_groups[0]["weight_decay"] = settings["weight_decay"]  # the 1-D parameters' group stays at 0
 
     def step(self, grads: dict, lr: float) -> None:
         for n, t in self.main.items():
@@ -207,12 +215,155 @@ def run_settings(root: Path) -> dict:
     return {}
 
 
+# What the launch configured for Megatron's optimizer: read from the run's own command line and verl's config,
+# never from the engine's objects, so that a setting lost or changed on its way from verl's config to Megatron
+# shows as a difference.
+
+HYDRA_OVERRIDES = "outputs/*/*/.hydra/overrides.yaml"  # verl's @hydra.main run folder, under the run's cwd
+SETTINGS = ("adam_beta1", "adam_beta2", "adam_eps", "weight_decay", "clip_grad")
+DECAY_STYLES = ("constant", "linear", "cosine")
+
+
+def launch_overrides(step: Path) -> list[str] | None:
+    """The overrides verl's trainer ran the audited update ``step`` with: Hydra's record of the command line
+    (verl's ``main_ppo`` is a ``@hydra.main``, which writes ``outputs/<date>/<time>/.hydra/overrides.yaml`` under
+    the run's working folder, the audit folder's parent), the newest one written before the update's folder was
+    last written (a working folder may hold several runs: a killed one and its resumed one). ``None`` where no
+    run left one (an audit made outside verl's trainer)."""
+    from omegaconf import OmegaConf
+
+    real = Path(step).resolve()
+    done = real.stat().st_mtime
+    found = [p for p in real.parent.parent.glob(HYDRA_OVERRIDES) if p.stat().st_mtime <= done]
+    if not found:
+        return None
+    return [str(x) for x in OmegaConf.load(max(found, key=lambda p: p.stat().st_mtime))]
+
+
+def configured_optimizer(overrides: list[str]) -> dict:
+    """Megatron's optimizer settings and LR schedule that a launch with ``overrides`` configures. The overrides
+    are composed with verl's ``ppo_trainer`` config as verl's main composes them
+    (:func:`mcore_dapo.verl_plugin.main_dapo.compose`); ``actor_rollout_ref.actor.optim`` goes through verl's own
+    mapping onto Megatron's ``OptimizerConfig`` (``verl/utils/megatron/optimizer.py``,
+    ``init_megatron_optim_config``: it hands over lr, min_lr, clip_grad, weight_decay and
+    ``override_optimizer_config``, and leaves Adam's betas and eps at ``OptimizerConfig``'s defaults); the
+    schedule's steps are derived as that file's ``get_megatron_optimizer_param_scheduler`` derives them (the
+    decay over the run's total steps where ``lr_decay_steps`` is unset, the warm-up from
+    ``lr_warmup_steps_ratio`` where ``lr_warmup_steps`` is not positive), with the total steps verl's trainer
+    injects (``trainer.total_training_steps``). ``config_betas``: verl's ``optim.betas``, which that mapping
+    does not read."""
+    import contextlib
+    import io
+
+
+    from mcore_dapo.verl_plugin.main_dapo import compose
+    from mcore_dapo.verl_plugin.overrides import rewrite
+
+    c = compose(rewrite(list(overrides)))
+    optim = c.actor_rollout_ref.actor.optim
+    total = c.trainer.get("total_training_steps")
+    if total is None:
+        raise ValueError("trainer.total_training_steps is unset: the audit cannot know the length of the LR "
+                         "schedule verl derives from the dataloader")
+    from verl.utils.megatron.optimizer import init_megatron_optim_config
+
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints the settings (print_rank_0)
+        m = init_megatron_optim_config(optim, use_distributed_optimizer=bool(
+            c.actor_rollout_ref.actor.megatron.get("use_distributed_optimizer", True)))
+    decay = optim.get("lr_decay_steps")
+    decay = int(total) if decay is None else int(decay)
+    warmup = optim.get("lr_warmup_steps")
+    ratio = optim.get("lr_warmup_steps_ratio")
+    if ratio is not None and (warmup is None or warmup <= 0):
+        warmup = int(ratio * decay)
+    out = {k: float(getattr(m, k)) for k in SETTINGS}
+    out.update(lr=float(m.lr), min_lr=float(m.min_lr if m.min_lr is not None else 0.0),
+               lr_warmup_init=float(optim.lr_warmup_init), lr_warmup_steps=int(warmup or 0), lr_decay_steps=decay,
+               lr_decay_style=str(optim.lr_decay_style), config_betas=[float(b) for b in optim.betas],
+               overridden=sorted(str(k) for k in (optim.get("override_optimizer_config") or {}).keys()))
+    return out
+
+
+def scheduled_lr(s: dict, update: int) -> float:
+    """The learning rate Megatron's ``OptimizerParamScheduler`` gives update ``update`` (0-based: the scheduler
+    is built at step 0 and moves one step after each update) under the schedule ``s``
+    (:func:`configured_optimizer`): a linear warm-up from ``lr_warmup_init``, then constant, linear or cosine
+    decay to ``min_lr`` at ``lr_decay_steps``."""
+    warm, start, top, low = s["lr_warmup_steps"], s["lr_warmup_init"], s["lr"], s["min_lr"]
+    style = s["lr_decay_style"]
+    if style not in DECAY_STYLES:
+        raise ValueError(f"lr_decay_style {style!r}: the audit's reference schedules {', '.join(DECAY_STYLES)}")
+    if warm > 0 and update <= warm:
+        return start + (top - start) * update / warm
+    if style == "constant":
+        return top
+    if update > s["lr_decay_steps"]:
+        return low
+    ratio = (update - warm) / (s["lr_decay_steps"] - warm)
+    coeff = 1.0 - ratio if style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
+    return low + coeff * (top - low)
+
+
+def update_number(step: Path) -> int:
+    """The audited update's number in the whole training (0-based): its number in its run's audit, after the
+    steps of the checkpoint that run loaded (``checkpoint-load-<global step>``, one update a step)."""
+    real = Path(step).resolve()
+    loads = [int(p.name.rsplit("-", 1)[1]) for p in real.parent.glob("checkpoint-load-*")]
+    return (max(loads) if loads else 0) + int(real.name.split("-")[1])
+
+
+def optimizer_failures(expected: dict, engine: dict, lr_expected: float, lr_engine: float | None) -> list[str]:
+    """Each way the engine's optimizer differs from what the launch configured, one line each: an Adam
+    setting, the weight decay its parameter groups apply (``group_weight_decays``: the configured one and 0
+    for Megatron's no-decay group), the learning rate of the update, and verl's ``optim.betas`` where they do
+    not reach Megatron."""
+    out = [f"{k}: the engine's optimizer has {engine.get(k)!r}, the launch configured {expected[k]!r}"
+           for k in SETTINGS if engine.get(k) != expected[k]]
+    groups = engine.get("group_weight_decays")
+    if groups is not None and (set(groups) - {0.0, expected["weight_decay"]} or expected["weight_decay"] not in groups):
+        out.append(f"group_weight_decays: the engine's parameter groups apply {groups}, the launch configured "
+                   f"{expected['weight_decay']!r} (and 0 for the no-decay group)")
+    if lr_engine is None or not math.isclose(lr_engine, lr_expected, rel_tol=1e-9, abs_tol=1e-15):
+        out.append(f"lr: the engine's update applied {lr_engine!r}, the launch's schedule gives {lr_expected!r}")
+    betas = [expected["adam_beta1"], expected["adam_beta2"]]
+    if expected["config_betas"] != betas and not {"adam_beta1", "adam_beta2"} & set(expected["overridden"]):
+        out.append(f"betas: verl's optim.betas={expected['config_betas']} do not reach Megatron, which runs {betas} "
+                   "(verl's init_megatron_optim_config does not read them; override_optimizer_config.adam_beta1 and "
+                   "adam_beta2 do)")
+    return out
+
+
+def planned_update(step: Path, part: dict, cache: dict | None = None) -> dict:
+    """For the audited update ``step`` (``part``: a rank's record of it): the settings the reference's optimizer
+    applies (``settings``) and the learning rate (``lr_expected``), from the run's launch where it left its
+    overrides (``optimizer_source``: ``"launch"``), else the engine's own (``"engine"``: nothing to compare
+    with); the engine's settings (``optimizer_engine``), the launch's (``optimizer_expected``) and their
+    differences (``optimizer_failures``). ``cache``: composed configs by overrides, across steps."""
+    engine = part["optimizer"]
+    overrides = launch_overrides(step)
+    if overrides is None:
+        return {"settings": engine, "lr_expected": part["lr"], "optimizer_source": "engine",
+                "optimizer_engine": engine, "optimizer_expected": None, "optimizer_failures": []}
+    cache = {} if cache is None else cache
+    key = tuple(overrides)
+    if key not in cache:
+        cache[key] = configured_optimizer(overrides)
+    expected = cache[key]
+    number = update_number(step)
+    lr = scheduled_lr(expected, number)
+    return {"settings": expected, "lr_expected": lr, "optimizer_source": "launch", "update_number": number,
+            "optimizer_engine": engine, "optimizer_expected": expected,
+            "optimizer_failures": optimizer_failures(expected, engine, lr, part["lr"])}
+
+
 def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: dict | None = None) -> list[dict]:
     """Every audited step recomputed, and the optimizer step chained over them (:class:`ReferenceAdam`):
-    the weights each update left compared with the reference's (:func:`weights_after`)."""
+    the weights each update left compared with the reference's (:func:`weights_after`). The optimizer's
+    settings and learning rate are those the run's launch configured (:func:`planned_update`); what the
+    engine's optimizer held is beside them, and each difference is in ``optimizer_failures``."""
     from transformers import AutoModelForCausalLM
 
-    out, adam = [], None
+    out, adam, composed = [], None, {}
     if settings is None:
         settings = run_settings(Path(root))
     for f in sorted(Path(root).glob("step-*")):
@@ -222,15 +373,18 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
         r = reference_step(f, dtype=dtype, grads=grads, settings=settings)
         if (f / "hf-after").is_dir():
             part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
+            planned = planned_update(f, part, composed)
+            optimizer = planned.pop("settings")
             if adam is None:
                 model = AutoModelForCausalLM.from_pretrained(str(f / "hf"), dtype=torch.float32)
-                adam = ReferenceAdam(model, part["optimizer"])
+                adam = ReferenceAdam(model, optimizer)
                 del model
             if len(part.get("lrs", [part["lr"]])) != 1:
                 raise ValueError(f"{f.name}: the update made {len(part['lrs'])} optimizer steps (several mini-batches "
                                  "or epochs); the reference chains one step per audited update")
-            adam.step(grads, part["lr"])
-            r.update(lr=part["lr"], **weights_after(f, adam))
+            adam.configure(optimizer)
+            adam.step(grads, planned["lr_expected"])
+            r.update(lr=part["lr"], **planned, **weights_after(f, adam))
         out.append(r)
     return out
 
@@ -242,8 +396,9 @@ def main(argv=None) -> int:
     ap.add_argument("audit_dir")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF model's dtype")
     a = ap.parse_args(argv)
-    print(json.dumps(reference(a.audit_dir, dtype=getattr(torch, a.dtype))))
-    return 0
+    out = reference(a.audit_dir, dtype=getattr(torch, a.dtype))
+    print(json.dumps(out))
+    return 1 if any(r.get("optimizer_failures") for r in out) else 0
 
 
 if __name__ == "__main__":

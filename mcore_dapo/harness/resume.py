@@ -109,6 +109,18 @@ def four_steps(work: Path, timeout: float = 1200) -> dict:
     return out
 
 
+EVICTED = "training/filter_groups/evicted_samples"  # groups dynamic sampling dropped in a step (absent: none)
+
+
+def groups_drawn(metrics: list[dict], train_batch: int) -> int:
+    """How many prompts the steps of ``metrics`` (verl's per-step metrics) took from the dataloader at least:
+    the ``train_batch`` groups each step trained on and the groups dynamic sampling evicted (verl's v1 trainer
+    fetches one prompt at a time under dynamic sampling, ``data.gen_batch_size=1``). The loader's count
+    (``data.pt``'s ``_num_yielded``) at a step's checkpoint is this over the steps so far, plus the prompts
+    fetched ahead; a loader restarted at a resume counts only the resumed run's share."""
+    return sum(train_batch + int(m.get(EVICTED, 0)) for m in metrics)
+
+
 def _read(p: Path) -> str | None:
     return p.read_text().strip() if p.is_file() else None
 
