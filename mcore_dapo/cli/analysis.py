@@ -30,8 +30,12 @@ def _plan(a) -> int:
     )
     ranked = plan(cfg, w, progress=None if a.json else _progress)
     shown = ranked if a.all else without_dominated_cp(ranked)
+    modes = _modes(cfg, w, ranked, a.phases)
     if a.json:
         out = as_json(cfg, w, ranked, shown, a.top)
+        if modes is not None:
+            out["modes"] = {m.mode: m.as_dict() for m in modes[1]}
+            out["modes_phases"] = modes[0].as_dict()
         if a.show_config:  # the Megatron settings of each listed layout (plan/settings.py)
             from mcore_dapo.plan.settings import layout_settings
 
@@ -40,6 +44,11 @@ def _plan(a) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(render(cfg, w, ranked, shown, a.top))
+        if modes is not None:
+            from mcore_dapo.plan.modes import render as render_modes
+
+            print()
+            print("\n".join(render_modes(modes[1], modes[0])))
         if a.show_config:
             from mcore_dapo.plan.settings import layout_settings, render_settings
 
@@ -47,6 +56,19 @@ def _plan(a) -> int:
                 print()
                 print("\n".join(render_settings(layout_settings(cfg, c.layout, w), f"#{i} {c.layout.describe()}")))
     return 0
+
+
+def _modes(cfg, w, ranked, phases_log):
+    """(phases, the trainer modes' projections, fastest first) from the best fitting layout that divides the
+    batch; None when no layout fits."""
+    from mcore_dapo.plan.modes import GUIDE, phases_from_log, project
+
+    samples = w.prompts * w.responses_per_prompt
+    best = next((c for c in ranked if c.fits and samples % c.layout.layout.dp(w.world_size) == 0), None)
+    if best is None:
+        return None
+    phases = phases_from_log(phases_log) if phases_log else GUIDE
+    return phases, project(cfg, w, phases, best.time.total_s)
 
 
 def _batch(a):
@@ -119,6 +141,9 @@ def add_commands(sub) -> None:
     p.add_argument("--offload", default="none", help="none, optimizer or param+optimizer")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
     p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
+    p.add_argument("--phases", default=None, metavar="LOG",
+                   help="a synchronous run's verl console log whose phase times the trainer modes are projected from "
+                        "(default: the guide's logged step)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--all", action="store_true", help="also list CP variants that need no less memory and are slower")
     p.add_argument("--json", action="store_true")
