@@ -83,15 +83,20 @@ def _metrics(a) -> int:
 
     batch = _batch(a)
     runs = {log: read_run(log) for log in a.logs}
-    summaries = [summarise(r, batch, a.warmup_steps) for r in runs.values()]
-    steps = {name: with_throughputs(r, batch) for name, r in runs.items()}
+    ref = None
+    if a.sync_reference:
+        from mcore_dapo.metrics.offpolicy import reference_ms_per_token
+
+        ref = reference_ms_per_token(read_run(a.sync_reference), a.warmup_steps)
+    summaries = [summarise(r, batch, a.warmup_steps, ref) for r in runs.values()]
+    steps = {name: with_throughputs(r, batch, ref) for name, r in runs.items()}
     if a.plot:
         from mcore_dapo.metrics.plot import plot_runs
 
         plot_runs(steps, a.plot)
     if a.json:
         print(json.dumps({"runs": [{**s, "per_step": steps[s["source"]]} for s in summaries],
-                          "plot": a.plot}, indent=1))
+                          "sync_reference_ms_per_token": ref, "plot": a.plot}, indent=1))
         return 0
     for s in summaries:
         print(render_steps(steps[s["source"]]))
@@ -155,6 +160,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("metrics", help="throughputs and summaries of verl console logs, with plots")
     p.add_argument("logs", nargs="+", metavar="LOG", help="log file or Ray session log folder (one run each)")
     p.add_argument("--plot", default=None, metavar="OUT.png")
+    p.add_argument("--sync-reference", default=None, metavar="SYNC.log",
+                   help="a synchronous run on the same cluster: gen_hidden, the share of its generation time per "
+                        "response token that an asynchronous run no longer waits for")
     _throughput_args(p)
     p.set_defaults(fn=_metrics)
 
