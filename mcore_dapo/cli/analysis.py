@@ -28,9 +28,12 @@ def _plan(a) -> int:
         responses_per_prompt=a.responses_per_prompt, mean_tokens=a.mean_tokens, recompute=a.recompute,
         offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
     )
+    from mcore_dapo.plan.modes import GUIDE, phases_from_log
+
+    phases = phases_from_log(a.phases) if a.phases else GUIDE  # a bad log is refused before the layouts
     ranked = plan(cfg, w, progress=None if a.json else _progress)
     shown = ranked if a.all else without_dominated_cp(ranked)
-    modes = _modes(cfg, w, ranked, a.phases)
+    modes = _modes(cfg, w, ranked, phases)
     if a.json:
         out = as_json(cfg, w, ranked, shown, a.top)
         if modes is not None:
@@ -58,16 +61,15 @@ def _plan(a) -> int:
     return 0
 
 
-def _modes(cfg, w, ranked, phases_log):
+def _modes(cfg, w, ranked, phases):
     """(phases, the trainer modes' projections, fastest first) from the best fitting layout that divides the
     batch; None when no layout fits."""
-    from mcore_dapo.plan.modes import GUIDE, phases_from_log, project
+    from mcore_dapo.plan.modes import project
 
     samples = w.prompts * w.responses_per_prompt
     best = next((c for c in ranked if c.fits and samples % c.layout.layout.dp(w.world_size) == 0), None)
     if best is None:
         return None
-    phases = phases_from_log(phases_log) if phases_log else GUIDE
     return phases, project(cfg, w, phases, best.time.total_s)
 
 

@@ -5,7 +5,8 @@ times are measured.
 From the measured step (``N_ref`` devices): ``G`` generation (``timing_s/gen``), of which ``D`` is decoding
 (``timing_s/generate_sequences`` where logged, else all of ``G``; the rest is waking the rollout and loading its
 weights), ``L`` old log-probs, ``U`` the update, ``O`` everything else in ``timing_s/step`` (reward, advantages,
-untimed work), and ``tail = response_length/mean / response_length/max``. On ``N`` devices the device-bound
+untimed work; ``W`` of it the colocated rollout's weight update where timed apart, ``timing_s/update_weights``),
+and ``tail = response_length/mean / response_length/max``. On ``N`` devices the device-bound
 phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept.
 
 * ``sync``: ``(G - D) + D s + (L + U) s + O``: the measured step when ``N = N_ref``.
@@ -18,7 +19,7 @@ phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept.
   are in flight (memory-bound decoding), which makes this an upper bound on the gain.
 * ``separate_async``: ``T`` training and ``R = N - T`` rollout devices work at the same time (verl 0.9.1,
   ``hybrid_engine=False``); the slower side sets the pace, then the weights travel:
-  ``max(D tail N_ref / R, (L + U) s t(T) / t(N) + O) + sync``, where ``t(X)`` is the planner's step time of
+  ``max(D tail N_ref / R, (L + U) s t(T) / t(N) + O - W) + sync``, where ``t(X)`` is the planner's step time of
   the best layout that fits on ``X`` devices (no rollout memory on the training devices) and divides the
   batch, and ``sync`` is the checkpoint engine's published time for this model (:data:`SYNC_S`). Every whole
   number of training nodes is tried; the fastest split is kept.
@@ -63,6 +64,7 @@ class Phases:
     mean_response: float
     max_response: float
     source: str
+    weights_s: float = 0.0  # timing_s/update_weights (v1: the colocated rollout's weight update, timed apart)
 
     @property
     def other_s(self) -> float:
@@ -119,7 +121,7 @@ def phases_from_log(path: str | Path) -> Phases:
     return Phases(gen_s=gen, decode_s=min(gen, med("timing_s/generate_sequences", gen)),
                   old_log_prob_s=med("timing_s/old_log_prob"), update_s=med("timing_s/update_actor"),
                   step_s=med("timing_s/step"), tokens=med("perf/total_num_tokens"), devices=devices,
-                  mean_response=resp_mean, max_response=resp_max,
+                  mean_response=resp_mean, max_response=resp_max, weights_s=med("timing_s/update_weights", 0.0),
                   source=f"{path}: median of {len(steps)} step(s)")
 
 
@@ -163,7 +165,8 @@ def separate_split(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> 
         t_k, layout = got
         rollout_devices = (w.nodes - k) * w.devices_per_node
         gen = p.decode_s * p.tail * p.devices / rollout_devices
-        train = (p.old_log_prob_s + p.update_s) * s * t_k / t_all + p.other_s
+        # no rollout on the training devices: the colocated weight update is replaced by the transport's sync
+        train = (p.old_log_prob_s + p.update_s) * s * t_k / t_all + p.other_s - p.weights_s
         step = max(gen, train) + sync
         if best is None or step < best["step_s"]:
             best = {"step_s": step, "trainer_nodes": k, "rollout_nodes": w.nodes - k,
