@@ -15,6 +15,15 @@
 #   ETP1: experts are not tensor-split (768-wide expert ffn; ETP>1 only adds communication).
 #   DP = 32 / (TP1 * PP2) = 16; expert DP = 32 / (EP8 * PP2) = 2.
 #   Rollout TP2 as in the guide: 2 of the 4 KV groups per NPU, 16 vLLM replicas.
+# Trainer mode, from the same `mcore-dapo plan` (its "trainer modes" lines, projected from the guide's logged
+# step; docs/PLANNER.md):
+#   colocate_async  277.8 s/step  281.6 tok/s/dev  +11.8%  (verl publishes +56.4% at a longer response tail)
+#   separate_async  292.5 s/step  267.5 tok/s/dev   +6.2%  2 training + 2 rollout nodes, + sync 11 s
+#   sync            310.6 s/step  251.9 tok/s/dev
+# so ASYNC=colocate. ASYNC=separate trains on NNODES - ROLLOUT_NNODES = 2 nodes with the LAYOUT below (it fits
+# there: 60.2 GiB; the planner's best on 2 nodes, TP2 PP1 EP8, is 3% faster) and sends the weights to the
+# rollout nodes with verl's HCCL checkpoint engine, registered as "nccl" on Ascend. ASYNC=off: verl's
+# synchronous trainer.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -28,6 +37,11 @@ GEN_TP=2
 INFER_MAX_TOKENS=$((1024 * 16))
 ENFORCE_EAGER=True
 LOGGER='["console"]'  # the guide's trainer.logger for this device
+
+ASYNC=${ASYNC:-colocate}
+ROLLOUT_NNODES=${ROLLOUT_NNODES:-2}
+ROLLOUT_GPUS_PER_NODE=8
+CKPT_ENGINE=nccl  # the NPU adapter's checkpoint_engine() (mcore_dapo/devices/npu.py)
 
 LAYOUT=()
 for role in actor ref; do

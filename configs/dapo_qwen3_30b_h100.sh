@@ -12,6 +12,14 @@
 #   ETP1: experts whole on their GPU (the layout NeMo-RL and verl users report for this model).
 #   DP = 32 / TP2 = 16; expert DP = 32 / EP8 = 4.
 #   Rollout TP2 as in the guide.
+# Trainer mode, from the same `mcore-dapo plan` (its "trainer modes" lines, projected from the guide's logged
+# step; docs/PLANNER.md):
+#   colocate_async  277.8 s/step  281.6 tok/s/dev  +11.8%  (verl publishes +56.4% at a longer response tail)
+#   separate_async  284.4 s/step  275.1 tok/s/dev   +9.2%  2 training + 2 rollout nodes, + sync 7 s
+#   sync            310.6 s/step  251.9 tok/s/dev
+# so ASYNC=colocate. ASYNC=separate trains on NNODES - ROLLOUT_NNODES = 2 nodes with the LAYOUT below (it fits
+# there: 61.5 GiB; the planner's best on 2 nodes, TP2 PP2 EP2 VPP2, is 5% faster) and sends the weights to the
+# rollout nodes with verl's nccl checkpoint engine (needs cupy). ASYNC=off: verl's synchronous trainer.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -25,6 +33,11 @@ GEN_TP=2
 INFER_MAX_TOKENS=$((1024 * 32))
 ENFORCE_EAGER=False
 LOGGER='["tensorboard", "console"]'  # the guide's trainer.logger for this device
+
+ASYNC=${ASYNC:-colocate}
+ROLLOUT_NNODES=${ROLLOUT_NNODES:-2}
+ROLLOUT_GPUS_PER_NODE=8
+CKPT_ENGINE=nccl  # the CUDA adapter's checkpoint_engine() (mcore_dapo/devices/cuda.py)
 
 LAYOUT=()
 for role in actor ref; do

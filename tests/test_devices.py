@@ -198,6 +198,10 @@ def test_the_adapters_answer_what_a_vllm_engine_beside_the_trainer_needs():
             cpu.check_rollout_model(16)
         cpu.check_rollout_model(32)
     assert cpu.device_identity() is None and npu.device_identity() is None
+    # separate_async's weight transport: verl's registered names ("nccl" is also the HCCL engine's on Ascend,
+    # verl/checkpoint_engine/__init__.py); the CPU's is the project's gloo engine, registered by its module
+    assert cuda.checkpoint_engine() == npu.checkpoint_engine() == ("nccl", None)
+    assert cpu.checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
 
 
 def test_no_branch_on_a_devices_name_outside_the_device_places():

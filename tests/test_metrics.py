@@ -149,3 +149,54 @@ def test_lines_of_the_same_step_are_merged(tmp_path):
     assert run.steps[5] == {"val-core/acc": 0.25, "timing_s/step": 10.0, "perf/total_num_tokens": 800.0}
     assert run.duplicates == 1
     assert with_throughputs(run, Batch(world_size=8))[5]["e2e_tps"] == 10.0
+
+
+# verl v1 runs (trainer_base.py's metric names): a synchronous one and a colocate_async one on the same cluster
+SYNC_V1, COLOCATE_V1 = FIX / "v1_sync.log", FIX / "v1_colocate_async.log"
+
+
+def test_staleness_and_generation_overlap_per_step():
+    from mcore_dapo.metrics.offpolicy import reference_ms_per_token
+
+    ref = reference_ms_per_token(read_run(SYNC_V1))
+    assert ref == pytest.approx((0.067722 + 0.067594) / 2)  # the log's steps 2 and 3 (step 1 warms up)
+    steps = with_throughputs(read_run(COLOCATE_V1), Batch(), ref)
+    assert steps[3]["training/off_policy/trajectory_staleness/mean"] == 0.41
+    assert steps[3]["training/off_policy/trajectory_staleness_worst/max"] == 2
+    assert steps[3]["gen_wait_share"] == pytest.approx(118.3 / 278.43)
+    assert steps[3]["gen_hidden"] == pytest.approx(1 - 0.049271 / 0.067658)
+    assert steps[1]["gen_hidden"] == pytest.approx(1 - 0.070173 / 0.067658)  # the first step waits for all
+    s = summarise(read_run(COLOCATE_V1), reference_ms=ref)
+    assert s["median"]["gen_hidden"] == pytest.approx(1 - 0.049271 / 0.067658)  # steps 2-4: the middle one
+    assert s["median"]["training/off_policy/trajectory_staleness/mean"] == 0.38
+
+
+def test_a_synchronous_run_hides_nothing():
+    from mcore_dapo.metrics.offpolicy import reference_ms_per_token
+
+    run = read_run(SYNC_V1)
+    steps = with_throughputs(run, Batch(), reference_ms_per_token(run))
+    assert [round(steps[s]["gen_hidden"], 6) for s in (2, 3)] == [round(1 - 0.067722 / 0.067658, 6),
+                                                                  round(1 - 0.067594 / 0.067658, 6)]
+    assert all(abs(steps[s]["gen_hidden"]) < 0.001 for s in (2, 3))
+    assert steps[2]["gen_wait_share"] == pytest.approx(163.4 / 324.33)
+
+
+def test_an_asynchronous_reference_is_refused(capsys):
+    assert cli(["metrics", str(COLOCATE_V1), "--sync-reference", str(COLOCATE_V1)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is an asynchronous run (its trajectories are stale)" in err
+
+
+def test_metrics_cli_shows_the_async_columns_and_plots_them(tmp_path, capsys):
+    png = tmp_path / "a.png"
+    assert cli(["metrics", str(COLOCATE_V1), "--sync-reference", str(SYNC_V1), "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    head = out.splitlines()[0].split()
+    assert {"stale", "wmax", "wait", "hidden"} <= set(head)
+    row3 = next(line.split() for line in out.splitlines() if line.split()[:1] == ["3"])
+    assert row3[-4:] == ["0.41", "2", f"{118.3 / 278.43:.2f}", f"{1 - 0.049271 / 0.067658:.2f}"]
+    assert png.is_file() and png.stat().st_size > 20000
+    assert cli(["metrics", str(COLOCATE_V1), "--json"]) == 0
+    per_step = json.loads(capsys.readouterr().out)["runs"][0]["per_step"]
+    assert "gen_hidden" not in per_step["3"] and per_step["3"]["gen_wait_share"] == pytest.approx(118.3 / 278.43)

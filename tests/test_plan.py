@@ -1,6 +1,7 @@
 """The planner without Megatron: enumeration, Megatron's layer placement, counts, memory, ranking, the CLI."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +118,8 @@ def test_plan_cli_table(reference_config, capsys):
     out = capsys.readouterr().out
     assert "verl overrides for the best layout" in out
     assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=" in out
+    assert "trainer modes (a model from measured phases: the guide's step 9" in out  # plan/modes.py
+    assert all(f"  {m} " in out for m in ("sync", "colocate_async", "separate_async")) and "  best: " in out
 
 
 def test_nothing_fits_says_so(reference_config, capsys):
@@ -177,3 +180,63 @@ def test_router_replay_data_in_the_memory_model():
 
     cfg = load_hf_config(Path(__file__).resolve().parent.parent / "configs/models/qwen3-30b-a3b")
     assert replay_bytes(cfg, 16384) == 16384 * 48 * 8 * 4  # tokens x MoE layers x top-k x 4 bytes
+
+
+# ---- verl's trainer modes, projected from a measured step (plan/modes.py) --------------------------------------
+GUIDE_LOG = Path(__file__).resolve().parents[2] / "shared" / "seed" / "a2-fsdp-step9.log"
+FIX = Path(__file__).resolve().parent / "fixtures" / "metrics"
+
+
+def test_the_guide_phases_are_the_guides_log():
+    from mcore_dapo.plan.modes import GUIDE, phases_from_log
+
+    if not GUIDE_LOG.is_file():
+        pytest.skip("the guide's step-9 log (../shared/seed/a2-fsdp-step9.log) is not beside the repository")
+    got = phases_from_log(GUIDE_LOG)
+    assert {k: v for k, v in got.as_dict().items() if k != "source"} == \
+        {k: v for k, v in GUIDE.as_dict().items() if k != "source"}
+    text = GUIDE_LOG.read_text()  # the log's own numbers, not the parser's
+    for key, value in (("timing_s/gen", GUIDE.gen_s), ("timing_s/generate_sequences", GUIDE.decode_s),
+                       ("timing_s/update_actor", GUIDE.update_s), ("timing_s/step", GUIDE.step_s)):
+        assert f"{key}:{value!r}" in text
+
+
+def test_mode_projection_of_the_guides_step(cfg):
+    from mcore_dapo.plan.modes import GUIDE, SYNC_S, project
+
+    w = Workload(get_device("h100"), nodes=4)
+    best = plan(cfg, w)[0]
+    modes = {m.mode: m for m in project(cfg, w, GUIDE, best.time.total_s)}
+    assert set(modes) == {"sync", "colocate_async", "separate_async"}
+    # sync on the log's own 32 devices is the logged step; colocate decodes for the mean response, not the longest
+    assert modes["sync"].step_s == pytest.approx(310.60584014933556)
+    assert modes["colocate_async"].step_s == pytest.approx(310.60584014933556 - 142.09425354003906 * (1 - 4725.28125 / 6144))
+    assert modes["sync"].tokens_per_s_per_device == pytest.approx(2503440 / (310.60584014933556 * 32))
+    sep = modes["separate_async"]
+    rollout = sep.detail["rollout_devices"]
+    assert rollout == 8 * sep.detail["rollout_nodes"] and sep.detail["trainer_nodes"] + sep.detail["rollout_nodes"] == 4
+    assert sep.detail["gen_s"] == pytest.approx(142.09425354003906 * 4725.28125 / 6144 * 32 / rollout, abs=0.01)
+    assert sep.step_s == pytest.approx(max(sep.detail["gen_s"], sep.detail["train_s"]) + SYNC_S["h100"], abs=0.02)
+    # its training layout fits on the training devices alone (no rollout memory there) and divides the batch
+    trainer = Workload(get_device("h100"), nodes=sep.detail["trainer_nodes"], gpu_memory_utilization=0.0)
+    pl = next(c for c in plan(cfg, trainer) if c.layout.describe() == sep.detail["trainer_layout"])
+    assert pl.fits and (32 * 16) % pl.layout.layout.dp(trainer.world_size) == 0
+    for m in modes.values():
+        assert m.speedup == pytest.approx(modes["sync"].step_s / m.step_s - 1)
+
+
+def test_plan_cli_prints_the_modes_keyed_by_verls_names(reference_config, capsys):
+    args = ["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8", "--device", "a2",
+            "--top", "1"]
+    assert cli([*args, "--json", "--phases", str(FIX / "v1_sync.log")]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["modes"]) == {"sync", "colocate_async", "separate_async"}
+    assert out["modes_phases"]["devices"] == 32 and out["modes_phases"]["weights_s"] == pytest.approx((11.0 + 10.9) / 2)
+    assert out["modes"]["colocate_async"]["verl_published_speedup"] == 0.564
+
+
+def test_an_asynchronous_phase_log_is_refused(reference_config, capsys):
+    assert cli(["plan", "--model", str(reference_config), "--nodes", "4", "--devices-per-node", "8", "--device",
+                "h100", "--phases", str(FIX / "v1_colocate_async.log")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is an asynchronous run (trajectory staleness up to 1)" in err

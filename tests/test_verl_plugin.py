@@ -208,6 +208,107 @@ def test_dry_run_router_replay_env(monkeypatch, capsys):
     assert p.stderr.strip().splitlines() == ["error: ROUTER_REPLAY=R4 is not accepted: accepted are off, R2, R3"]
 
 
+SEP = "trainer.v1.trainer_mode=separate_async"
+
+
+@pytest.mark.parametrize("env, want", [
+    ({"ASYNC": "off"}, {"trainer_mode": "sync", "world_size": 32}),
+    ({}, {"trainer_mode": "colocate_async", "world_size": 32}),  # the script's default, from the planner
+    ({"ASYNC": "separate"}, {"trainer_mode": "separate_async", "world_size": 16, "dp": 8}),
+])
+def test_dry_run_trainer_modes(env, want, monkeypatch, capsys, tmp_path):
+    """ASYNC=off|colocate|separate compose with verl's config and pass its checks; the composed keys are
+    verl's own (docs/VERL_PLUGIN.md, "Asynchronous modes")."""
+    from omegaconf import OmegaConf
+
+    out = tmp_path / "c.yaml"
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", MCORE_DAPO_CONFIG_OUT=str(out), **env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert {k: got[k] for k in want} == want
+    c = OmegaConf.load(out)
+    v1, rc, rollout = c.trainer.v1, c.algorithm.rollout_correction, c.actor_rollout_ref.rollout
+    if want["trainer_mode"] == "sync":
+        assert (rc.rollout_is, rc.rollout_rs, v1.sampler.max_off_policy_threshold) == (None, None, 8)  # verl's
+        return
+    assert (v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == (4, "drop")
+    assert (rc.bypass_mode, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_rs, rc.rollout_rs_threshold) == \
+        (False, "token", 2.0, "seq_mean_k3", 0.01)
+    if want["trainer_mode"] == "colocate_async":
+        assert v1.colocate_async.num_warmup_batches == 1 and c.actor_rollout_ref.hybrid_engine is True
+        return
+    assert c.actor_rollout_ref.hybrid_engine is False and (c.trainer.nnodes, rollout.nnodes) == (2, 2)
+    assert rollout.n_gpus_per_node == 8 and rollout.checkpoint_engine.backend == "nccl"
+    assert v1.separate_async.parameter_sync_step * c.actor_rollout_ref.actor.ppo_mini_batch_size == \
+        c.data.train_batch_size
+    assert not v1.separate_async.hybrid_rollout.enable_switch
+
+
+def test_the_scripts_checkpoint_engine_is_the_device_adapters():
+    from mcore_dapo.devices import get_adapter
+
+    for script, device in (("dapo_qwen3_30b_h100.sh", "cuda"), ("dapo_qwen3_30b_a2.sh", "npu")):
+        argv, _ = script_call(script, ASYNC="separate")
+        backend = [a.split("=", 1)[1] for a in argv if a.startswith("actor_rollout_ref.rollout.checkpoint_engine.backend=")]
+        assert backend == [get_adapter(device).checkpoint_engine()[0]] == ["nccl"]
+    assert get_adapter("cpu").checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
+
+
+CPU = ("trainer.device=cpu", "actor_rollout_ref.model.use_remove_padding=False")
+
+
+@pytest.mark.parametrize("env, overrides, line", [
+    ({}, ["trainer.v1.trainer_mode=fully_async"],
+     "trainer.v1.trainer_mode=fully_async is not accepted: accepted are sync, colocate_async, separate_async"),
+    ({}, ["actor_rollout_ref.hybrid_engine=False"],
+     "actor_rollout_ref.hybrid_engine=False with trainer.v1.trainer_mode=colocate_async: its rollout shares the "
+     "training devices (verl ignores the setting); accepted is hybrid_engine=True, or trainer_mode=separate_async "
+     "for a rollout pool of its own"),
+    ({"ASYNC": "separate"}, ["actor_rollout_ref.rollout.nnodes=0"],
+     "actor_rollout_ref.rollout.nnodes=0 with trainer_mode=separate_async: the rollout needs devices of its own; "
+     "accepted is a positive number"),
+    ({"ASYNC": "separate"}, ["actor_rollout_ref.rollout.n_gpus_per_node=0"],
+     "actor_rollout_ref.rollout.n_gpus_per_node=0 with trainer_mode=separate_async: the rollout needs devices of "
+     "its own; accepted is a positive number"),
+    ({"ASYNC": "separate"}, ["trainer.v1.separate_async.parameter_sync_step=4"],
+     "trainer.v1.separate_async.parameter_sync_step=4 with data.train_batch_size=32 and ppo_mini_batch_size=32: "
+     "separate_async trains one mini-batch per round, so accepted is train_batch_size = parameter_sync_step x "
+     "ppo_mini_batch_size (parameter_sync_step=1)"),
+    ({"ASYNC": "separate"}, ["actor_rollout_ref.hybrid_engine=True"],
+     "actor_rollout_ref.hybrid_engine=True with trainer_mode=separate_async: verl would also put rollout replicas "
+     "on the training devices (memory held, a second weight sync); accepted is hybrid_engine=False"),
+    ({"ASYNC": "separate"}, ["trainer.v1.separate_async.hybrid_rollout.enable_switch=True"],
+     "trainer.v1.separate_async.hybrid_rollout.enable_switch=True lends the training devices to generation "
+     "through replicas that hybrid_engine=False does not build (verl ignores it); accepted is enable_switch=False"),
+    ({"ASYNC": "separate"}, ["actor_rollout_ref.rollout.checkpoint_engine.backend=naive"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend=naive with trainer_mode=separate_async: naive hands "
+     "weights to a rollout on the same devices; accepted is 'nccl'"),
+    ({"ASYNC": "separate"}, ["actor_rollout_ref.rollout.checkpoint_engine.backend=gloo"],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo is not accepted on trainer.device=cuda: accepted "
+     "is nccl (the device's transport)"),
+    ({"ASYNC": "separate"}, [*CPU],
+     "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl is not accepted on trainer.device=cpu: accepted "
+     "is gloo (the device's transport)"),
+    ({"ASYNC": "separate"}, [*CPU, "actor_rollout_ref.rollout.checkpoint_engine.backend=gloo"],
+     "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=None with backend gloo on cpu: accepted "
+     "is mcore_dapo.verl_cpu.checkpoint_engine (it registers the backend)"),
+])
+def test_trainer_mode_bad_settings_are_one_line_before_ray(env, overrides, line, monkeypatch, capsys):
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", *overrides, **env)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [f"error: {line}"]
+
+
+def test_bad_async_variables_are_refused_by_bash():
+    for env, line in (({"ASYNC": "on"}, "error: ASYNC=on is not accepted: accepted are off, colocate, separate"),
+                      ({"ASYNC": "separate", "ROLLOUT_NNODES": "4"},
+                       "error: ROLLOUT_NNODES=4 is not accepted with ASYNC=separate: accepted is 1 to 3 of the "
+                       "NNODES=4 nodes")):
+        p = subprocess.run(["bash", str(ROOT / "configs" / "dapo_qwen3_30b_h100.sh")], capture_output=True,
+                           text=True, env={**os.environ, "DRY_RUN": "1", **env}, timeout=60)
+        assert p.returncode == 2 and p.stderr.strip().splitlines() == [line]
+
+
 ENGINE_CLASSES = (
     "import sys, verl; assert 'megatron' not in sys.modules; import verl.workers.engine as e; "
     "r = e.EngineRegistry._engines['language_model']['megatron']; cpu, dev = r['cpu'], r[('cuda', 'nvidia')]; "

@@ -29,6 +29,50 @@ case "${ROUTER_REPLAY:-off}" in
     *) echo "error: ROUTER_REPLAY=${ROUTER_REPLAY} is not accepted: accepted are off, R2, R3" >&2; exit 2 ;;
 esac
 
+# ASYNC=off|colocate|separate (common.sh's default off; each device script sets its own from the planner):
+# verl 0.9.1's v1 trainer modes (docs/VERL_PLUGIN.md, "Asynchronous modes").
+#   colocate: trainer_mode=colocate_async, one batch generated ahead; partial rollout hides the long tail.
+#   separate: trainer_mode=separate_async, a rollout pool of its own: ROLLOUT_NNODES of the NNODES nodes
+#       (ROLLOUT_GPUS_PER_NODE each), the rest train; weights travel by the device's checkpoint engine
+#       (CKPT_ENGINE, and CKPT_ENGINE_MODULE where the project registers it); parameter_sync_step=1, since
+#       ppo_mini_batch_size = train_batch_size below and verl asserts train_batch_size = step x mini-batch.
+#   both: a prompt group trained more than 4 model versions after it was submitted is dropped and refilled;
+#       rollout correction is verl's decoupled K3-RS + token-TIS preset (old policy recomputed, which
+#       router replay R2 needs: verl refuses R2 with bypass_mode=True).
+OFF_POLICY_ARGS=(
+    trainer.v1.sampler.max_off_policy_threshold=4
+    trainer.v1.sampler.max_off_policy_strategy=drop
+    algorithm.rollout_correction.bypass_mode=False
+    algorithm.rollout_correction.rollout_is=token
+    algorithm.rollout_correction.rollout_is_threshold=2.0
+    algorithm.rollout_correction.rollout_rs=seq_mean_k3
+    algorithm.rollout_correction.rollout_rs_threshold=0.01
+)
+TRAINER_NNODES=${NNODES}
+case "${ASYNC:-off}" in
+    off) ASYNC_ARGS=() ;;
+    colocate) ASYNC_ARGS=(trainer.v1.trainer_mode=colocate_async
+                          trainer.v1.colocate_async.num_warmup_batches=1
+                          "${OFF_POLICY_ARGS[@]}") ;;
+    separate)
+        if ! [[ "${ROLLOUT_NNODES:-}" =~ ^[1-9][0-9]*$ ]] || [ "${ROLLOUT_NNODES}" -ge "${NNODES}" ]; then
+            echo "error: ROLLOUT_NNODES=${ROLLOUT_NNODES:-} is not accepted with ASYNC=separate: accepted is" \
+                 "1 to $((NNODES - 1)) of the NNODES=${NNODES} nodes" >&2; exit 2
+        fi
+        TRAINER_NNODES=$((NNODES - ROLLOUT_NNODES))
+        ASYNC_ARGS=(trainer.v1.trainer_mode=separate_async
+                    actor_rollout_ref.hybrid_engine=False
+                    actor_rollout_ref.rollout.nnodes=${ROLLOUT_NNODES}
+                    actor_rollout_ref.rollout.n_gpus_per_node=${ROLLOUT_GPUS_PER_NODE:-8}
+                    actor_rollout_ref.rollout.checkpoint_engine.backend=${CKPT_ENGINE:?the device script sets CKPT_ENGINE}
+                    trainer.v1.separate_async.parameter_sync_step=1
+                    "${OFF_POLICY_ARGS[@]}")
+        if [ -n "${CKPT_ENGINE_MODULE:-}" ]; then
+            ASYNC_ARGS+=(actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module=${CKPT_ENGINE_MODULE})
+        fi ;;
+    *) echo "error: ASYNC=${ASYNC} is not accepted: accepted are off, colocate, separate" >&2; exit 2 ;;
+esac
+
 max_prompt_length=$((1024 * 2))
 max_response_length=$((1024 * 6))
 train_prompt_bsz=32
@@ -104,7 +148,7 @@ DAPO_ARGS=(
     trainer.project_name=DAPO
     trainer.experiment_name=DAPO-Qwen3-30B-megatron
     trainer.n_gpus_per_node=8
-    trainer.nnodes=${NNODES}
+    trainer.nnodes=${TRAINER_NNODES}
     trainer.device=${DEVICE}
     trainer.val_before_train=False
     trainer.test_freq=200
@@ -116,6 +160,7 @@ DAPO_ARGS=(
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
     ++actor_rollout_ref.nccl_timeout=7200
+    "${ASYNC_ARGS[@]}"
 )
 
 # DRY_RUN=1: compose and check the config only (no Ray, no device); the model's config.json comes

@@ -28,10 +28,17 @@ def _plan(a) -> int:
         responses_per_prompt=a.responses_per_prompt, mean_tokens=a.mean_tokens, recompute=a.recompute,
         offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
     )
+    from mcore_dapo.plan.modes import GUIDE, phases_from_log
+
+    phases = phases_from_log(a.phases) if a.phases else GUIDE  # a bad log is refused before the layouts
     ranked = plan(cfg, w, progress=None if a.json else _progress)
     shown = ranked if a.all else without_dominated_cp(ranked)
+    modes = _modes(cfg, w, ranked, phases)
     if a.json:
         out = as_json(cfg, w, ranked, shown, a.top)
+        if modes is not None:
+            out["modes"] = {m.mode: m.as_dict() for m in modes[1]}
+            out["modes_phases"] = modes[0].as_dict()
         if a.show_config:  # the Megatron settings of each listed layout (plan/settings.py)
             from mcore_dapo.plan.settings import layout_settings
 
@@ -40,6 +47,11 @@ def _plan(a) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(render(cfg, w, ranked, shown, a.top))
+        if modes is not None:
+            from mcore_dapo.plan.modes import render as render_modes
+
+            print()
+            print("\n".join(render_modes(modes[1], modes[0])))
         if a.show_config:
             from mcore_dapo.plan.settings import layout_settings, render_settings
 
@@ -47,6 +59,18 @@ def _plan(a) -> int:
                 print()
                 print("\n".join(render_settings(layout_settings(cfg, c.layout, w), f"#{i} {c.layout.describe()}")))
     return 0
+
+
+def _modes(cfg, w, ranked, phases):
+    """(phases, the trainer modes' projections, fastest first) from the best fitting layout that divides the
+    batch; None when no layout fits."""
+    from mcore_dapo.plan.modes import project
+
+    samples = w.prompts * w.responses_per_prompt
+    best = next((c for c in ranked if c.fits and samples % c.layout.layout.dp(w.world_size) == 0), None)
+    if best is None:
+        return None
+    return phases, project(cfg, w, phases, best.time.total_s)
 
 
 def _batch(a):
@@ -61,15 +85,20 @@ def _metrics(a) -> int:
 
     batch = _batch(a)
     runs = {log: read_run(log) for log in a.logs}
-    summaries = [summarise(r, batch, a.warmup_steps) for r in runs.values()]
-    steps = {name: with_throughputs(r, batch) for name, r in runs.items()}
+    ref = None
+    if a.sync_reference:
+        from mcore_dapo.metrics.offpolicy import reference_ms_per_token
+
+        ref = reference_ms_per_token(read_run(a.sync_reference), a.warmup_steps)
+    summaries = [summarise(r, batch, a.warmup_steps, ref) for r in runs.values()]
+    steps = {name: with_throughputs(r, batch, ref) for name, r in runs.items()}
     if a.plot:
         from mcore_dapo.metrics.plot import plot_runs
 
         plot_runs(steps, a.plot)
     if a.json:
         print(json.dumps({"runs": [{**s, "per_step": steps[s["source"]]} for s in summaries],
-                          "plot": a.plot}, indent=1))
+                          "sync_reference_ms_per_token": ref, "plot": a.plot}, indent=1))
         return 0
     for s in summaries:
         print(render_steps(steps[s["source"]]))
@@ -119,6 +148,9 @@ def add_commands(sub) -> None:
     p.add_argument("--offload", default="none", help="none, optimizer or param+optimizer")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
     p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
+    p.add_argument("--phases", default=None, metavar="LOG",
+                   help="a synchronous run's verl console log whose phase times the trainer modes are projected from "
+                        "(default: the guide's logged step)")
     p.add_argument("--top", type=int, default=10)
     p.add_argument("--all", action="store_true", help="also list CP variants that need no less memory and are slower")
     p.add_argument("--json", action="store_true")
@@ -130,6 +162,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("metrics", help="throughputs and summaries of verl console logs, with plots")
     p.add_argument("logs", nargs="+", metavar="LOG", help="log file or Ray session log folder (one run each)")
     p.add_argument("--plot", default=None, metavar="OUT.png")
+    p.add_argument("--sync-reference", default=None, metavar="SYNC.log",
+                   help="a synchronous run on the same cluster: gen_hidden, the share of its generation time per "
+                        "response token that an asynchronous run no longer waits for")
     _throughput_args(p)
     p.set_defaults(fn=_metrics)
 

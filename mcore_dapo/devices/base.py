@@ -154,6 +154,11 @@ class DeviceAdapter(ABC):
         CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved."""
         raise NotImplementedError(f"no rollout engine resources for {self.name}")
 
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        """(verl checkpoint engine backend, ``checkpoint_engine.custom_backend_module`` or None): the weight
+        transport from the trainer to standalone rollout replicas (verl's ``separate_async``) on this device."""
+        raise NotImplementedError(f"no checkpoint engine for {self.name}")
+
     def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
         """(environment defaults, ``vllm.LLM`` keyword arguments) of the engine on this device: on a device,
         its share of the device's memory, the rest left to the Megatron model beside it."""

@@ -76,6 +76,11 @@ class CpuAdapter(DeviceAdapter):
     def rollout_ray_resources(self) -> tuple[dict, dict]:
         return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
 
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # every backend verl 0.9.1 ships is accelerator-bound; the project's gloo transport registers itself
+        # under "gloo" when verl imports checkpoint_engine.custom_backend_module on each worker
+        return "gloo", "mcore_dapo.verl_cpu.checkpoint_engine"
+
     def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
         """vLLM's CPU build: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, where not set), no device memory share."""
         return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}

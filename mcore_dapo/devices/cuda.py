@@ -74,6 +74,10 @@ class CudaAdapter(DeviceAdapter):
     def rollout_ray_resources(self) -> tuple[dict, dict]:
         return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}  # the first visible GPU, rank 0's cuda:0
 
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # verl's NCCLCheckpointEngine (verl/checkpoint_engine/nccl_checkpoint_engine.py; needs cupy)
+        return "nccl", None
+
     def device_identity(self) -> str | None:
         import torch
 

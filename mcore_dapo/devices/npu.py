@@ -92,6 +92,11 @@ class NpuAdapter(DeviceAdapter):
         # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES
         return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
 
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # verl's HCCLCheckpointEngine registers the name "nccl" on Ascend (verl/checkpoint_engine/__init__.py,
+        # hccl_checkpoint_engine.py); there is no "hccl" name in verl 0.9.1's registry
+        return "nccl", None
+
     def prepare(self) -> None:
         if self._prepared:
             return

@@ -1,5 +1,6 @@
 """Per-step plots of runs: reward mean, validation accuracy (where verl validated), response length, e2e
-throughput, and each run's timing breakdown (matplotlib, Agg backend)."""
+throughput, for asynchronous runs the trajectory staleness and the share of the step spent waiting for (or hidden
+from) generation, and each run's timing breakdown (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ def plot_runs(runs: dict[str, dict[int, dict]], out: str | Path) -> Path:
     lines = (("critic/rewards/mean", "critic/score/mean", "reward mean", "reward"),
              ("response_length/mean", None, "response length mean", "tokens"),
              ("e2e_tps", None, "end-to-end throughput (e2e_tps)", "tokens/s/device"))
+    if any("training/off_policy/trajectory_staleness/mean" in m for steps in runs.values() for m in steps.values()):
+        # asynchronous modes (metrics/offpolicy.py): staleness, and generation the trainer waited for / hid
+        lines += (("training/off_policy/trajectory_staleness/mean", None, "trajectory staleness mean (verl)",
+                   "model versions"),
+                  ("gen_wait_share", None, "share of the step waiting for generation (timing_s/gen / timing_s/step)",
+                   "share"))
+        if any("gen_hidden" in m for steps in runs.values() for m in steps.values()):
+            lines += (("gen_hidden", None, "generation hidden vs the synchronous reference (per response token)",
+                       "share"),)
     val = validation_accuracy_key(runs)
     if val is not None:  # verl's validation at test_freq: accuracy on the test file
         lines = lines[:1] + ((val, None, f"validation accuracy ({val})", "accuracy"),) + lines[1:]

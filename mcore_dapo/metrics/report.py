@@ -8,6 +8,11 @@ COLUMNS = (
     ("e2e_tps", "e2e_tps", ".2f"), ("update_tps", "update_tps", ".2f"), ("vllm_tps", "vllm_tps", ".2f"),
     ("reward", "critic/rewards/mean", ".3f"), ("resp len", "response_length/mean", ".0f"),
     ("route agr", "actor/routing/rollout_agreement", ".4f"),  # rollout vs training top-k sets (MoE)
+    # asynchronous modes (metrics/offpolicy.py): verl's staleness in model versions, the step's share spent
+    # waiting for generation, and the share of a synchronous run's generation time no longer waited for
+    ("stale", "training/off_policy/trajectory_staleness/mean", ".2f"),
+    ("stale wmax", "training/off_policy/trajectory_staleness_worst/max", ".0f"),
+    ("gen wait", "gen_wait_share", ".2f"), ("gen hidden", "gen_hidden", ".2f"),
 )
 
 

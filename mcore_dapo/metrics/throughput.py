@@ -26,6 +26,9 @@ SUMMARY_KEYS = (
     "timing_s/update_actor", "critic/rewards/mean", "critic/score/mean", "response_length/mean",
     "prompt_length/mean", "perf/max_memory_allocated_gb", "perf/throughput",
     "actor/routing/rollout_agreement", "actor/routing/replay_agreement",
+    # asynchronous modes (metrics/offpolicy.py)
+    "gen_wait_share", "gen_hidden", "training/off_policy/trajectory_staleness/mean",
+    "training/off_policy/trajectory_staleness_worst/max",
 )
 
 
@@ -79,16 +82,21 @@ def step_throughputs(m: dict[str, float], batch: Batch) -> dict[str, float]:
     return out
 
 
-def with_throughputs(run: RunLog, batch: Batch) -> dict[int, dict[str, float]]:
-    """Every step's metrics plus e2e_tps, update_tps and vllm_tps where they can be computed."""
-    return {s: {**m, **step_throughputs(m, batch)} for s, m in sorted(run.steps.items())}
+def with_throughputs(run: RunLog, batch: Batch, reference_ms: float | None = None) -> dict[int, dict[str, float]]:
+    """Every step's metrics plus e2e_tps, update_tps and vllm_tps where they can be computed, and the share of the
+    step spent waiting for generation (``gen_wait_share``; ``gen_hidden`` given a synchronous run's ms per response
+    token, metrics/offpolicy.py)."""
+    from mcore_dapo.metrics.offpolicy import step_overlap
+
+    return {s: {**m, **step_throughputs(m, batch), **step_overlap(m, reference_ms)}
+            for s, m in sorted(run.steps.items())}
 
 
-def summarise(run: RunLog, batch: Batch = Batch(), warmup_steps: int = 1) -> dict:
+def summarise(run: RunLog, batch: Batch = Batch(), warmup_steps: int = 1, reference_ms: float | None = None) -> dict:
     """Median of each key over the steps numbered above ``warmup_steps`` (all steps if none are)."""
     if warmup_steps < 0:
         raise UserError(f"warmup_steps={warmup_steps} is not accepted: a count of steps >= 0 is")
-    steps = with_throughputs(run, batch)
+    steps = with_throughputs(run, batch, reference_ms)
     used = [s for s in steps if s > warmup_steps]
     fallback = not used
     if fallback:

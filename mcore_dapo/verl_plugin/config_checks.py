@@ -134,9 +134,10 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     check_packing(c, here)
     check_fast_paths(c, cfg, layout, here)
     replay = check_router_replay(c, cfg)
+    mode = check_async(c)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
              "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
-             "device": str(c.trainer.get("device") or ""), "router_replay": replay}
+             "device": str(c.trainer.get("device") or ""), "router_replay": replay, "trainer_mode": mode}
     if not here:
         try:
             check_packing(c, here=True)
@@ -163,6 +164,70 @@ def check_router_replay(c, cfg) -> str:
         raise UserError("router_replay.mode=R3 replays the rollout's routed experts, and the rollout does not "
                         "return them: set actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
     return replay
+
+
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # verl 0.9.1's registered V1 trainers
+SEPARATE = "separate_async"
+
+
+def check_async(c) -> str:
+    """``trainer.v1.trainer_mode`` and what ``separate_async`` needs, before Ray starts (docs/VERL_PLUGIN.md,
+    "Asynchronous modes"). verl asserts some of these only inside the Ray trainer
+    (``trainer_separate_async.py``), the rest it ignores or warns about; each is one line here."""
+    trainer = c.trainer
+    mode = str(trainer.get("v1", {}).get("trainer_mode", "sync"))
+    if mode not in TRAINER_MODES:
+        raise UserError(f"trainer.v1.trainer_mode={mode} is not accepted: accepted are {', '.join(TRAINER_MODES)}")
+    hybrid = bool(c.actor_rollout_ref.get("hybrid_engine", True))
+    if mode != SEPARATE:
+        if not hybrid:  # verl's sync and colocate_async trainers build colocated replicas whatever it says
+            raise UserError(f"actor_rollout_ref.hybrid_engine=False with trainer.v1.trainer_mode={mode}: its rollout "
+                            "shares the training devices (verl ignores the setting); accepted is hybrid_engine=True, "
+                            "or trainer_mode=separate_async for a rollout pool of its own")
+        return mode
+    rollout, sep = c.actor_rollout_ref.rollout, trainer.v1.separate_async
+    for key in ("nnodes", "n_gpus_per_node"):
+        if int(rollout.get(key) or 0) < 1:
+            raise UserError(f"actor_rollout_ref.rollout.{key}={rollout.get(key)} with trainer_mode=separate_async: "
+                            "the rollout needs devices of its own; accepted is a positive number")
+    step, batch = int(sep.parameter_sync_step), int(c.data.train_batch_size)
+    mini = int(c.actor_rollout_ref.actor.ppo_mini_batch_size)
+    if step < 1 or batch != step * mini:
+        raise UserError(f"trainer.v1.separate_async.parameter_sync_step={step} with data.train_batch_size={batch} and "
+                        f"ppo_mini_batch_size={mini}: separate_async trains one mini-batch per round, so accepted is "
+                        f"train_batch_size = parameter_sync_step x ppo_mini_batch_size"
+                        + (f" (parameter_sync_step={batch // mini})" if mini and batch % mini == 0 else ""))
+    if hybrid:
+        raise UserError("actor_rollout_ref.hybrid_engine=True with trainer_mode=separate_async: verl would also put "
+                        "rollout replicas on the training devices (memory held, a second weight sync); accepted is "
+                        "hybrid_engine=False")
+    if bool(sep.get("hybrid_rollout", {}).get("enable_switch", False)):
+        raise UserError("trainer.v1.separate_async.hybrid_rollout.enable_switch=True lends the training devices to "
+                        "generation through replicas that hybrid_engine=False does not build (verl ignores it); "
+                        "accepted is enable_switch=False")
+    check_checkpoint_engine(c)
+    return mode
+
+
+def check_checkpoint_engine(c) -> None:
+    """The weight transport to the rollout pool: the trainer device's (``DeviceAdapter.checkpoint_engine``)."""
+    device = c.trainer.get("device")
+    ce = c.actor_rollout_ref.rollout.checkpoint_engine
+    backend, module = str(ce.get("backend")), ce.get("custom_backend_module")
+    if backend == "naive":
+        raise UserError("actor_rollout_ref.rollout.checkpoint_engine.backend=naive with trainer_mode=separate_async: "
+                        "naive hands weights to a rollout on the same devices; accepted is "
+                        + (repr(get_adapter(str(device)).checkpoint_engine()[0]) if device else "the device's transport"))
+    if not device:
+        return
+    adapter = get_adapter(str(device))
+    want, want_module = adapter.checkpoint_engine()
+    if backend != want:
+        raise UserError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} is not accepted on "
+                        f"trainer.device={device}: accepted is {want} (the device's transport)")
+    if want_module is not None and module != want_module:
+        raise UserError(f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={module} with backend "
+                        f"{backend} on {device}: accepted is {want_module} (it registers the backend)")
 
 
 def _megatron_version() -> str | None:
