@@ -72,7 +72,7 @@ def test_the_resumed_run_starts_at_step_3(resumed):
 LOSS_ABS, GRAD_NORM_REL, GRAD_NORM_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 1e-2, 5e-3, 0.1, 4e-3
 
 
-def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed):
+def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_trainer_run):
     from mcore_dapo.harness.resume import KILL_STEP
 
     c = resumed["compare"]
@@ -103,6 +103,22 @@ def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed):
     # beginning would count the resumed run's own prompts only)
     y = c["dataloader_yielded"]
     assert y["killed_step2"] >= 2 * 4 and y["resumed_step4"] >= y["killed_step2"] + 2 * 4, y
+    # ... and its count covers every group drawn over the four steps, trained or evicted by dynamic sampling (a
+    # loader restarted at the resume counts only the resumed run's share and the prompts fetched ahead, short of
+    # the killed run's 8 trained groups at least)
+    from mcore_dapo.harness.resume import groups_drawn
+
+    assert y["resumed_step4"] >= groups_drawn(dapo_trainer_run["metrics"], 4), y
+
+
+def test_samples_in_flight_at_the_kill_are_dropped_not_trained_twice(resumed):
+    # the asynchronous trainer generates ahead: at the kill, groups for step 3 and later were in flight or waiting in
+    # verl's replay buffer. They die with the killed run; the resumed run's loader starts after every prompt the
+    # killed run had drawn by its checkpoint (data.pt), so those prompts are skipped, and no prompt the killed run
+    # trained is trained again (the task's 48 prompts are distinct)
+    p = resumed["compare"]["prompts"]
+    assert p["killed"] >= 2 * 4 and p["resumed"] >= 2 * 4, p
+    assert p["trained_twice"] == 0, p
 
 
 def test_what_the_checkpoint_held_is_what_the_resumed_run_loaded(resumed):

@@ -14,7 +14,8 @@ from mcore_dapo.cli.main import run
      "routed experts, which vLLM's CPU build cannot return (its Model Runner V2 needs Triton); accepted on the CPU "
      "is --rollout hf_cpu"),
     (["--rollout-dtype", "fp8"], "--rollout-dtype='fp8' is not accepted: bfloat16 or float32"),
-    (["--layout", "pp4"], "--layout='pp4' is not accepted: ep2, h100, a2"),
+    (["--layout", "pp4"], "--layout='pp4' is not accepted: ep2, h100, h100-dp2, a2"),
+    (["--trainer-mode", "fully_async"], "--trainer-mode='fully_async' is not accepted: sync, colocate_async, separate_async"),
     (["--gen-tp", "3"], "--gen-tp=3 is not accepted: 1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
      "at most the trainer's 2 or 4 ranks)"),
 ])
@@ -41,9 +42,10 @@ def _args(args: list[str]) -> dict:
     return {a.split("=", 1)[0].lstrip("+"): a.split("=", 1)[1] for a in args}
 
 
-@pytest.mark.parametrize("replay, layout, rollout, gen_tp", [(None, "ep2", "hf_cpu", 1), ("R3", "h100", "hf_cpu", 1),
-                                                             (None, "a2", "vllm", 2)])
-def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, replay, layout, rollout, gen_tp):
+@pytest.mark.parametrize("replay, layout, rollout, gen_tp, mode", [
+    (None, "ep2", "hf_cpu", 1, "sync"), ("R3", "h100", "hf_cpu", 1, "sync"),
+    ("R3", "h100-dp2", "hf_cpu", 1, "separate_async"), (None, "a2", "vllm", 2, "colocate_async")])
+def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, replay, layout, rollout, gen_tp, mode):
     """The CPU trainer run composes configs/dapo/common.sh itself, with a device script's own LAYOUT array for
     the h100 and a2 layout classes; it differs from what the scripts pass only in the keys of cpu_changes, each
     of an accepted kind, and the scripts' production settings stay on."""
@@ -52,20 +54,23 @@ def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, r
     from mcore_dapo.harness import tiny_dapo as t
 
     files = {"model": tmp_path / "m", "train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet"}
-    cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay, layout=layout, rollout=rollout, gen_tp=gen_tp))
+    cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay, layout=layout, rollout=rollout, gen_tp=gen_tp,
+                            trainer_mode=mode))
     # the scripts' arguments under the same per-device variables (what a device script sets before common.sh),
     # with the device script's LAYOUT as it stands (EP2 alone for ep2)
-    full_layout = t.layout_overrides(2) if layout == "ep2" else t.script_layout(layout)
-    script = _args(t.script_args(t.script_env(files, tmp_path, gen_tp), full_layout, replay))
-    changes = t.cpu_changes(files, tmp_path, 4, 1e-3, rollout, layout)
+    full_layout = t.layout_overrides(2) if layout == "ep2" else t.script_layout(t.LAYOUT_CLASSES[layout].get("script", layout))
+    script = _args(t.script_args(t.script_env(files, tmp_path, gen_tp, mode), full_layout, replay))
+    changes = t.cpu_changes(files, tmp_path, 4, 1e-3, rollout, layout, mode)
     differ = {k for k in set(cpu) | set(script) if cpu.get(k) != script.get(k)}
     assert differ - set(changes) == set(), sorted(differ - set(changes))
     assert {kind for _, kind in changes.values()} <= {t.SIZES, t.COUNTS, t.ROLLOUT_CPU, t.PACKING}
     # the variables the CPU run sets are the device scripts' own knobs
-    knobs = set()
+    knobs = set(re.findall(r"\$\{([A-Z_]+)(?::-[^}]*)?\}", t.SCRIPT.read_text()))  # those common.sh reads
     for script_file in (t.SCRIPT.parent.parent).glob("dapo_qwen3_30b_*.sh"):
         knobs |= set(re.findall(r"^([A-Z_]+)=", script_file.read_text(), re.M))
-    assert set(t.script_env(files, tmp_path)) <= knobs
+    assert set(t.script_env(files, tmp_path, gen_tp, mode)) <= knobs, set(t.script_env(files, tmp_path, gen_tp, mode)) - knobs
+    # the trainer mode is the scripts' ASYNC
+    assert cpu.get("trainer.v1.trainer_mode", "sync") == mode
     # the production settings of the scripts, on in the CPU run
     a = "actor_rollout_ref.actor"
     assert cpu[f"{a}.use_dynamic_bsz"] == "True" and cpu[f"{a}.megatron.param_offload"] == "True"

@@ -72,9 +72,9 @@ def _validated(a) -> None:
     if a.gen_tp not in (1, 2):
         raise accepted("--gen-tp", a.gen_tp, "1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
                        "at most the trainer's 2 or 4 ranks)")
-    from mcore_dapo.harness.tiny_dapo import mode_overrides, replay_overrides
+    from mcore_dapo.harness.tiny_dapo import check_trainer_mode, replay_overrides
 
-    mode_overrides(a.trainer_mode)
+    check_trainer_mode(a.trainer_mode)
 
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")

@@ -121,6 +121,16 @@ def groups_drawn(metrics: list[dict], train_batch: int) -> int:
     return sum(train_batch + int(m.get(EVICTED, 0)) for m in metrics)
 
 
+def _prompts(step: Path) -> set[tuple[int, ...]]:
+    """The prompts (token ids, each sequence less its response) an audited update trained on."""
+    out = set()
+    for f in sorted(step.glob("rank*.pt")):
+        batch = torch.load(f, weights_only=False)["batch"]
+        for ids, mask in zip(batch["input_ids"], batch["response_mask"]):
+            out.add(tuple(int(t) for t in ids[:ids.shape[0] - mask.shape[0]]))
+    return out
+
+
 def _read(p: Path) -> str | None:
     return p.read_text().strip() if p.is_file() else None
 
@@ -219,6 +229,12 @@ def compare(baseline_audit: Path | None, killed_audit: Path, resumed_audit: Path
         # the resumed run's first update starts from the weights the killed run's last completed update left
         out["first_weights_vs_checkpointed"] = weights_differ(killed_steps[-1] / "hf-after", resumed_steps[0] / "hf")
         out["chained_reference"] = chained_reference(killed_audit, resumed_audit, resumed_audit.parent / "chained")
+    if resumed_steps and killed_steps:
+        # samples in flight at the kill (generated for step 3 or later by the killed run) are lost with it; the
+        # resumed run's loader goes on after every prompt the killed run had drawn by its checkpoint, so no prompt
+        # the killed run trained is trained again
+        before, after = (set().union(*(_prompts(p) for p in steps)) for steps in (killed_steps, resumed_steps))
+        out["prompts"] = {"killed": len(before), "resumed": len(after), "trained_twice": len(before & after)}
     if checkpoints is not None:
         def yielded(root: Path, step: int):
             p = Path(root) / f"global_step_{step}" / "data.pt"

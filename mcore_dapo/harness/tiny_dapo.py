@@ -103,14 +103,27 @@ SIZES, COUNTS, ROLLOUT_CPU, PACKING = "size", "device and process counts", "roll
 TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
 
 
-def script_env(files: dict, workdir: Path, gen_tp: int = 1) -> dict:
+# --trainer-mode -> the scripts' ASYNC
+ASYNC = {"sync": "off", "colocate_async": "colocate", "separate_async": "separate"}
+
+
+def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = "sync") -> dict:
     """The variables a device script sets before sourcing common.sh, for the CPU run (``gen_tp``: the
-    rollout's tensor-parallel size, the scripts' GEN_TP=2 where the rollout runs it on the CPU)."""
-    return {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
-            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": str(gen_tp),
-            "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
-            # the guide's console logger, and verl's file logger for the metrics this harness reads
-            "LOGGER": '["console","file"]'}
+    rollout's tensor-parallel size, the scripts' GEN_TP=2 where the rollout runs it on the CPU; ``trainer_mode``:
+    the scripts' ASYNC, with separate_async's rollout on a node of its own, ROLLOUT_SLOTS slots, and the CPU
+    adapter's checkpoint engine)."""
+    env = {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
+           "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": str(gen_tp),
+           "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
+           # the guide's console logger, and verl's file logger for the metrics this harness reads
+           "LOGGER": '["console","file"]', "ASYNC": ASYNC[trainer_mode]}
+    if trainer_mode == "separate_async":
+        from mcore_dapo.devices import get_adapter
+
+        backend, module = get_adapter("cpu").checkpoint_engine()
+        env.update(NNODES="2", ROLLOUT_NNODES="1", ROLLOUT_GPUS_PER_NODE=str(ROLLOUT_SLOTS), CKPT_ENGINE=backend,
+                   CKPT_ENGINE_MODULE=module or "")
+    return env
 
 
 def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
@@ -143,9 +156,6 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
     }
     for key, value in rollout_settings(rollout).items():
         out[key] = (value, ROLLOUT_CPU)
-    if trainer_mode == "separate_async":  # the rollout's own pool: one node, ROLLOUT_SLOTS slots
-        out[f"{r}.nnodes"] = (1, COUNTS)
-        out[f"{r}.n_gpus_per_node"] = (ROLLOUT_SLOTS, COUNTS)
     for key, value in LAYOUT_CLASSES[layout]["changes"].items():  # the script's layout at tiny size
         for role in ("actor", "ref"):
             if key.startswith("override_transformer_config.") and role == "ref":
@@ -240,25 +250,11 @@ def layout_args(layout: str) -> list[str]:
     return layout_overrides(2) if layout == "ep2" else script_layout(LAYOUT_CLASSES[layout].get("script", layout))
 
 
-def mode_overrides(trainer_mode: str) -> list[str]:
-    """The asynchronous mode's settings."""
+def check_trainer_mode(trainer_mode: str) -> None:
     if trainer_mode not in TRAINER_MODES:
         from mcore_dapo.errors import accepted
 
         raise accepted("--trainer-mode", trainer_mode, ", ".join(TRAINER_MODES))
-    if trainer_mode == "sync":
-        return []
-    out = [f"trainer.v1.trainer_mode={trainer_mode}",
-           "trainer.v1.sampler.max_off_policy_threshold=2", "trainer.v1.sampler.max_off_policy_strategy=drop",
-           "algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=2.0",
-           "algorithm.rollout_correction.bypass_mode=False"]
-    if trainer_mode == "separate_async":
-        from mcore_dapo.verl_cpu import checkpoint_engine as ce
-
-        r = "actor_rollout_ref.rollout.checkpoint_engine"
-        out += ["actor_rollout_ref.hybrid_engine=False", f"{r}.backend={ce.NAME}", f"{r}.custom_backend_module={ce.MODULE}",
-                "trainer.v1.separate_async.parameter_sync_step=1"]
-    return out
 
 
 def overrides(files: dict, workdir: Path, steps: int, lr: float = 1e-3, rollout: str = "hf_cpu",
@@ -266,7 +262,8 @@ def overrides(files: dict, workdir: Path, steps: int, lr: float = 1e-3, rollout:
               trainer_mode: str = "sync") -> list[str]:
     """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
     mode = router_replay if router_replay in ("R2", "R3") else None
-    args = script_args(script_env(files, workdir, gen_tp), layout_args(layout), mode) + mode_overrides(trainer_mode)
+    check_trainer_mode(trainer_mode)
+    args = script_args(script_env(files, workdir, gen_tp, trainer_mode), layout_args(layout), mode)
     changes = cpu_changes(files, workdir, steps, lr, rollout, layout, trainer_mode)
     out, seen = [], set()
     for arg in args:
@@ -332,7 +329,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     from mcore_dapo.harness.math_task import prepare as prepare_math
 
     layout_args(layout)  # an unknown layout or mode is refused before anything is prepared
-    mode_overrides(trainer_mode)
+    check_trainer_mode(trainer_mode)
     files = prepare_math(workdir, rollout, layers=LAYOUT_CLASSES[layout]["layers"], rollout_tp=gen_tp,
                          **({} if teach_p is None else {"p_right": teach_p}))
     log = workdir / "metrics.jsonl"
