@@ -109,16 +109,24 @@ def test_validation_and_checkpoints_run_at_the_scripts_frequencies_in_the_h100_l
 # verl's own check after every weight sync: the rollout's log-probs against the actor's recomputation. Both
 # are bf16 models on the same weights: bf16 rounds a probability in [0.5, 1) to steps of 2^-8, and the
 # two recomputations (HF's and Megatron's kernels) may land one or two steps apart: 2e-2 (measured 7.8e-3,
-# which is 2^-7). A stale or wrong sync moves the taught model's probabilities by tenths.
+# which is 2^-7). A stale or wrong sync moves the taught model's probabilities by tenths. In the asynchronous
+# modes a step whose samples are all of the weights it trains from (verl's trajectory_staleness_worst/max 0)
+# keeps that bound; at a step that trains older samples the rollout's log-probs are an older policy's (measured
+# up to 6.2e-2 after one update at lr 1e-3), which the rollout correction's importance weights carry, and only the
+# correlation is held (> 0.99). That the rollout holds exactly the weights of the version it reports is the
+# transport's hashes (test_the_standalone_rollout_holds_the_weights_it_reports).
 PROBS_DIFF_MAX = 2e-2
 
 
 def test_rollout_holds_the_trained_weights_every_step(tiny_run):
     steps, *_ = tiny_run
+    fresh = [m for m in steps if m.get("training/off_policy/trajectory_staleness_worst/max", 0) == 0]
+    assert fresh, "no step trained on samples of its own weights only"
     for m in steps:
         assert m["training/rollout_probs_diff_valid"] == 1.0
-        assert m["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX
-        assert m["training/rollout_actor_probs_pearson_corr"] > 0.999
+        assert m["training/rollout_actor_probs_pearson_corr"] > (0.999 if m in fresh else 0.99), m
+    for m in fresh:
+        assert m["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX, m
 
 
 def test_dapo_pieces_act(tiny_run):
@@ -207,8 +215,8 @@ def test_the_update_data_parallel_layout_is_audited(tiny_run):
 #   measured at most 1.6e-2 -- 5e-2.
 # - the loss: the absolute bound LOSS_ABS above holds a loss of about 0 (one on-policy mini-batch whose answers
 #   all have the same length is 0 by construction); the check is sharp only where the reference loss is larger:
-#   at least one update's |loss| is above 4 * LOSS_ABS (answers of varied length, importance weights off 1), where
-#   a loss scaled by 2 (or halved) would be off by more than twice the bound.
+#   at least one update's |loss| is above 2 * LOSS_ABS (answers of varied length, importance weights off 1; measured
+#   2.3e-2 to 3.0e-2 at steps 3 and 4), where a loss doubled or halved is off by more than the bound.
 LOGPROB_ABS, IS_WEIGHT_ABS = 5e-2, 5e-2
 
 
@@ -233,7 +241,7 @@ def check_audit(audit, threshold_is=True):
         else:  # the warm-up's first step (learning rate 0): the update leaves every weight where it was
             assert a["weights_moved"] == 0.0 and a["weights_max_abs_diff"] == 0.0, a
     # the loss check can fail: some update's loss is far from 0
-    assert max(abs(a["reference_loss"]) for a in audit) > 4 * LOSS_ABS, [a["reference_loss"] for a in audit]
+    assert max(abs(a["reference_loss"]) for a in audit) > 2 * LOSS_ABS, [a["reference_loss"] for a in audit]
     # the importance weights were not all 1 (the correction acted) and were applied by both sides
     assert max(a["is_weights_off_one"] for a in audit) > 0, audit
 
@@ -253,7 +261,7 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
         assert a["forced_routes"] and all(r[1:] == [4, 2] for r in a["forced_routes"]), a
     from mcore_dapo.cli.main import main
 
-    assert main(["metrics", str(work / "train.log"), "--world-size", "2"]) == 0
+    assert main(["metrics", str(work / "train.log"), "--world-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "actor/routing/rollout_agreement" in out and "route agr" in out
 

@@ -95,7 +95,12 @@ def engine_class():
             return _build_megatron_module(self)
 
         def get_per_tensor_param(self, base_sync_done=False, **kwargs):
-            # as verl's own: offloaded parameters come back first (verl's update_weights offloads them
+            # Called on every trainer rank, by the colocated sync (naive) and by verl's checkpoint engines
+            # (separate_async). Every rank yields the same (hf_name, shape, dtype) sequence in the same order:
+            # producing a tensor is collective over the ranks, and verl's NCCL engine lets relay ranks cut bucket
+            # boundaries from their own stream (nccl_checkpoint_engine.py, _relay_weights). The gloo engine checks
+            # it at every sync (mcore_dapo/verl_cpu/checkpoint_engine.py; tests/test_checkpoint_engine.py).
+            # As verl's own: offloaded parameters come back first (verl's update_weights offloads them
             # again after the sync when param_offload is set)
             load_if_offloaded(self, load_grad=False)
             return export_weights(self), None
