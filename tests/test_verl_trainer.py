@@ -141,8 +141,10 @@ def test_dapo_pieces_act(tiny_run):
 # the same batch from the engine's weights of that step; mcore_dapo.harness.audit_reference):
 # - loss, absolute: the token-mean of A * ratio with |A| <~ 2 over the mini-batch's ~50 response tokens (the
 #   taught model answers in 3), where the engine's log-probs carry bf16 rounding (~1e-2 a token) and the
-#   reference's do not: ~1e-2 * 2 / sqrt(50) ~ 3e-3; measured <= 8.6e-4. The loss itself is ~1e-2 where it is
-#   not 0; a mis-scaled token-mean (per-rank tokens, a DP factor) is off by its whole size.
+#   reference's do not: ~1e-2 * 2 / sqrt(50) ~ 3e-3 at most, as the per-token differences partly cancel;
+#   measured <= 8.6e-4 in the synchronous runs, and <= 1.2e-3 over the 8 updates of both asynchronous runs
+#   (2026-12-03): 2.5e-3. The loss itself is ~1e-2 where it is not 0; a mis-scaled token-mean (per-rank tokens,
+#   a DP factor) is off by its whole size.
 # - grad norm: the engine's bf16 gradient against fp32 over a mini-batch of ~50 response tokens (the taught
 #   model answers in 3). Where the advantages nearly cancel the norm is small (0.02 to 0.15) and bf16's
 #   rounding of the per-token terms (2^-8 of terms of size ~1, averaged over ~50 tokens: ~1e-3) is a larger
@@ -156,7 +158,7 @@ def test_dapo_pieces_act(tiny_run):
 #   third), and no element is further than 2.5 * (sum of the learning rates so far) plus half the bf16
 #   spacing at the largest weight (~1.2: 4e-3). A wrong learning rate, clip, weight decay or a stale weight
 #   moves most elements (the update moves 65 to 86 %).
-LOSS_ABS, GRAD_NORM_REL, GRAD_NORM_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 1e-2, 5e-3, 0.1, 4e-3
+LOSS_ABS, GRAD_NORM_REL, GRAD_NORM_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 2.5e-3, 1e-2, 5e-3, 0.1, 4e-3
 
 
 def test_every_update_matches_the_hf_reference(tiny_run):
@@ -215,8 +217,9 @@ def test_the_update_data_parallel_layout_is_audited(tiny_run):
 #   measured at most 1.6e-2 -- 5e-2.
 # - the loss: the absolute bound LOSS_ABS above holds a loss of about 0 (one on-policy mini-batch whose answers
 #   all have the same length is 0 by construction); the check is sharp only where the reference loss is larger:
-#   at least one update's |loss| is above 2 * LOSS_ABS (answers of varied length, importance weights off 1; measured
-#   2.3e-2 to 3.0e-2 at steps 3 and 4), where a loss doubled or halved is off by more than the bound.
+#   at least one update's |loss| is above 2 * LOSS_ABS (answers of varied length, importance weights off 1; the
+#   largest measured 3.0e-2 in the separate_async run, 9.2e-3 in the colocate_async one), where a loss doubled or
+#   halved is off by more than the bound.
 LOGPROB_ABS, IS_WEIGHT_ABS = 5e-2, 5e-2
 
 
@@ -288,11 +291,17 @@ def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
     # alone (measured 7.6e-3, and once 5.5e-2, its cause not isolated): the mean and the correlation carry the
     # check: the mean within 3e-3
     # (measured at most 6.5e-4), the Pearson correlation above 0.99 (measured 0.99997 at its lowest), the
-    # largest below 0.1. A stale or wrong sync moves most tokens' probabilities by tenths.
+    # largest below 0.1. A stale or wrong sync moves most tokens' probabilities by tenths. In colocate_async these
+    # hold at the steps whose samples are all of the weights trained from; at a step that trains older samples the
+    # rollout's log-probs are an older policy's (measured mean 1.2e-2 after one update at lr 1e-3): the correlation
+    # only (test_rollout_holds_the_trained_weights_every_step)
+    fresh = [m for m in steps if m["training/off_policy/trajectory_staleness_worst/max"] == 0]
+    assert fresh, "no step trained on samples of its own weights only"
     for m in steps:
         assert m["training/rollout_probs_diff_valid"] == 1.0
-        assert m["training/rollout_probs_diff_mean"] < 3e-3, m["training/rollout_probs_diff_mean"]
         assert m["training/rollout_actor_probs_pearson_corr"] > 0.99, m["training/rollout_actor_probs_pearson_corr"]
+    for m in fresh:
+        assert m["training/rollout_probs_diff_mean"] < 3e-3, m["training/rollout_probs_diff_mean"]
         assert m["training/rollout_probs_diff_max"] < 0.1, m["training/rollout_probs_diff_max"]
     # validation and checkpoints at test_freq = save_freq = 2 (verl's v1 trainer,
     # verl/trainer/ppo/v1/trainer_base.py: "is_last_step or global_steps % test_freq == 0")
