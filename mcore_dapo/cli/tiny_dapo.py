@@ -119,10 +119,12 @@ def tiny_dapo(a) -> int:
             else f"FAILED, see {r['train_log']}"
         print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s) in {r['seconds']} s "
               f"({'ok' if ok else failed})")
-        print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9}")
+        print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9} "
+              f"{'stale':>5}")
         for s in steps:
             ref = f"{s['reference_grad_norm']:.4f}" if s["reference_grad_norm"] is not None else "-"
             dp = f"{s['rollout_vs_actor']:.1e}" if s["rollout_vs_actor"] is not None else "-"
             agr = f"{s['routing_agreement']:.4f}" if s.get("routing_agreement") is not None else "-"
-            print(f"{s['step']:>4} {s['score']:>8.3f} {s['grad_norm']:>10.4f} {ref:>10} {dp:>17} {agr:>9}")
+            stale = str(int(s["staleness"])) if s.get("staleness") is not None else "-"
+            print(f"{s['step']:>4} {s['score']:>8.3f} {s['grad_norm']:>10.4f} {ref:>10} {dp:>17} {agr:>9} {stale:>5}")
     return 0 if ok else 1

@@ -395,7 +395,9 @@ def per_step(result: dict) -> list[dict]:
              "evicted": m.get("training/filter_groups/evicted_samples", 0),
              "rollout_vs_actor": m.get("training/rollout_probs_diff_max"),
              "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step"),
-             "val_acc": m.get(val) if val else None}
+             "val_acc": m.get(val) if val else None,
+             # the asynchronous modes: how many weight versions the step's samples lag the policy trained (verl's)
+             "staleness": m.get("training/off_policy/trajectory_staleness_worst/max")}
             for i, m in enumerate(rows)]
 
 
