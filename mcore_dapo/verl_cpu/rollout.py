@@ -255,7 +255,7 @@ class CpuRolloutServer:
         return {"requests": self.requests, "weights_loaded": self.weights_loaded, "global_steps": self.global_steps,
                 "aborted": self.aborted, "commits": list(self.commits)}
 
-    # verl's replica/server control surface: nothing to free or pause on the CPU
+    # verl's replica/server control surface: nothing to free on the CPU; generation pauses and resumes (below)
     async def wake_up(self):
         return None
 
