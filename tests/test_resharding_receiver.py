@@ -44,7 +44,7 @@ def test_receiver_loads_hub_names_into_fused_experts(tiny_moe, tiny_moe_ref):
         assert all(torch.equal(receiver.read_weight(n), reader.get(n)) for n in names)
     ref = torch.load(tiny_moe_ref)
     with torch.no_grad():
-        logits = model(input_ids=ref["tokens"]).logits
+        logits = model(input_ids=ref["tokens"], attention_mask=ref["attention_mask"]).logits
     assert (logits - ref["logits"]).abs().max().item() < 1e-6
 
 

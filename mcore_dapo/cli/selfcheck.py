@@ -126,8 +126,11 @@ class SelfCheck:
         # the reference's training loss runs over the logits of the layout's padded output layer
         padded = Bridge(cfg, self.layout).dims.padded_vocab_size
         seq = "64" if self.accelerator else "16"
+        dp = self.layout.dp(self.nproc)  # 4 sequences or one for each data-parallel rank, the same number each
+        batch = str(-(-max(4, dp) // dp) * dp)
         subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(model), str(ref),
-                        "--seq", seq, "--padded-vocab", str(padded)], check=True, capture_output=True, text=True)
+                        "--seq", seq, "--batch", batch, "--padded-vocab", str(padded)],
+                       check=True, capture_output=True, text=True)
         self.model = model
         return {"path": str(model), "layers": cfg.num_layers, "hidden": cfg.hidden_size, "experts": cfg.num_experts,
                 "vocab": cfg.vocab_size, "bytes": sum(f.stat().st_size for f in model.glob("*.safetensors")),

@@ -42,7 +42,7 @@ def verify_checksums(hf_path: Path, manifest: dict, progress: bool = False) -> l
 
 
 def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = None, *, nproc: int | None = None,
-           batch: int = 2, seq: int = 32, progress: bool = False, checksums: bool = True) -> dict:
+           batch: int = 4, seq: int = 32, progress: bool = False, checksums: bool = True) -> dict:
     versions.check_stack()
     hf_path, mcore_path = Path(hf_path), Path(mcore_path)
     manifest = output.read_manifest(mcore_path)
@@ -65,6 +65,8 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
     if seq % layout.tp:
         raise UserError(f"seq={seq} is not accepted with tp={layout.tp}: a multiple of TP is")
     dtype = manifest["dtype"]
+    dp = layout.dp(n)  # at least one sequence for each data-parallel rank, the same number each
+    batch = -(-max(batch, dp) // dp) * dp
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-verify-") as tmp:
         ref = Path(tmp) / "ref.pt"
         subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_path), str(ref),

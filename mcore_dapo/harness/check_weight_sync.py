@@ -78,8 +78,8 @@ def hf_model(hf_path, seed: int = 7, **overrides):
 
 
 @torch.no_grad()
-def hf_logits(model, tokens) -> torch.Tensor:
-    return model(input_ids=tokens).logits.float()
+def hf_logits(model, tokens, attention_mask=None) -> torch.Tensor:
+    return model(input_ids=tokens, attention_mask=attention_mask).logits.float()
 
 
 def mismatch_check(exporter, hf_path) -> dict:
@@ -179,7 +179,8 @@ def run(a) -> dict:
     model = hf_model(a.hf_path)
     receiver = HFQwen3MoeReceiver(model)
     r["sync1"] = sync_weights(small, receiver, verify=True).as_dict()
-    r["receiver_vs_reference"] = _max_diff(hf_logits(model, tokens), ref_logits)
+    # the reference's padded batch with its attention mask, as the reference was computed
+    r["receiver_vs_reference"] = _max_diff(hf_logits(model, tokens, ref.get("attention_mask")), ref_logits)
     r["mismatch"] = mismatch_check(small, a.hf_path)
     r["faulty"] = faulty_check(small, model, "model.layers.1.mlp.experts.5.up_proj.weight")
     if a.train:

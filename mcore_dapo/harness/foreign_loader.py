@@ -90,7 +90,7 @@ def _from_hf(model, hf_path: str, layout) -> None:
 
 
 def _logits_diff(model, reference: str) -> float:
-    """max |logit - HF logit| over the reference prompts, on every rank."""
+    """max |logit - HF logit| over the real tokens of the reference prompts, on every rank."""
     import torch
     import torch.distributed as dist
 
@@ -100,7 +100,8 @@ def _logits_diff(model, reference: str) -> float:
     model.eval()
     with torch.no_grad():
         logits = run_schedule([model], ref["tokens"], micro_batch_size=1)
-    diff = (logits[..., : ref["logits"].shape[-1]].float() - ref["logits"].float()).abs().max()
+    real = ref["attention_mask"].bool() if "attention_mask" in ref else torch.ones_like(ref["tokens"], dtype=torch.bool)
+    diff = (logits[..., : ref["logits"].shape[-1]].float()[real] - ref["logits"].float()[real]).abs().max()
     dist.all_reduce(diff, op=dist.ReduceOp.MAX)
     return diff.item()
 

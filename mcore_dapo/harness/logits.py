@@ -4,14 +4,22 @@ Run under torchrun, one process per device::
 
     torchrun --nproc-per-node 2 -m mcore_dapo.harness.logits --hf-path DIR --reference REF.pt --ep 2
 
-``REF.pt`` holds ``tokens`` and the HF model's ``logits`` computed in a clean
-process (``python -m mcore_dapo.harness.tiny reference DIR REF.pt``). Every
-rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
+``REF.pt`` holds a right-padded batch (``tokens``, ``attention_mask``, ``labels``, ``loss_mask``) and the HF
+model's ``logits``, loss and gradients over the whole batch, computed in a clean process
+(``python -m mcore_dapo.harness.tiny reference DIR REF.pt``). Each data-parallel rank runs its own share of the
+sequences; logits are compared on the real tokens of each rank's rows, the loss and the gradients over the
+whole batch. Every rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
+
+``MCORE_DAPO_MUTATE`` breaks Megatron on purpose, to show what the comparison catches: ``ddp-local`` (the
+data-parallel gradient reduction replaced by the local gradient times the group size), ``ddp-local-experts``
+(the same for the experts' expert-data-parallel reduction only), ``dispatch-swap`` (the alltoall dispatcher's
+received chunks of source ranks 0 and 1 swapped).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -48,6 +56,59 @@ def _reduced(values: list[float], device, op=None) -> list[float]:
     return t.tolist()
 
 
+MUTATIONS = ("ddp-local", "ddp-local-experts", "dispatch-swap")
+
+
+def _mutate(kind: str) -> None:
+    """Break Megatron on purpose (``MCORE_DAPO_MUTATE``): each must fail the comparison."""
+    import torch
+
+    from mcore_dapo.errors import accepted
+
+    if kind in ("ddp-local", "ddp-local-experts"):
+        from megatron.core.distributed import param_and_grad_buffer as pgb
+
+        reduce = pgb._ParamAndGradBucketGroup.start_grad_sync
+
+        def local(self, force_all_reduce=False):
+            # the experts' buckets (their parameters marked allreduce=False) only, with ddp-local-experts
+            if kind == "ddp-local-experts" and all(getattr(p, "allreduce", True) for p in self.params):
+                return reduce(self, force_all_reduce)
+            # no communication: every rank takes its own gradient for the group's sum
+            for bucket in self.buckets:
+                bucket.grad_data *= bucket.gradient_scaling_factor * self.data_parallel_group.size()
+
+        pgb._ParamAndGradBucketGroup.start_grad_sync = local
+    elif kind == "dispatch-swap":
+        from megatron.core.transformer.moe import token_dispatcher as td
+
+        cls, original, dispatching = td.MoEAlltoAllTokenDispatcher, td.all_to_all, [False]
+        name = "token_dispatch" if hasattr(cls, "token_dispatch") else "token_permutation"  # 0.16 / 0.12
+
+        def swapped(group, input_, output_split_sizes=None, input_split_sizes=None):
+            out = original(group, input_, output_split_sizes, input_split_sizes)
+            if not dispatching[0] or group.size() < 2:
+                return out
+            sizes = output_split_sizes
+            sizes = [out.shape[0] // group.size()] * group.size() if sizes is None else [int(x) for x in sizes]
+            parts = list(torch.split(out, sizes, dim=0))
+            parts[0], parts[1] = parts[1], parts[0]
+            return torch.cat(parts, dim=0)
+
+        def dispatch(self, *args, **kwargs):
+            dispatching[0] = True
+            try:
+                return getattr(cls, "_unmutated")(self, *args, **kwargs)
+            finally:
+                dispatching[0] = False
+
+        cls._unmutated = getattr(cls, name)
+        setattr(cls, name, dispatch)
+        td.all_to_all = swapped
+    else:
+        raise accepted("MCORE_DAPO_MUTATE", kind, f"one of {', '.join(MUTATIONS)}")
+
+
 def run(a) -> dict:
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
@@ -56,6 +117,8 @@ def run(a) -> dict:
     bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()
+    if os.environ.get("MCORE_DAPO_MUTATE"):
+        _mutate(os.environ["MCORE_DAPO_MUTATE"])
     # no auxiliary load-balancing loss, as verl's engine trains (aux_loss_coeff=0): the backward's loss is
     # the cross-entropy alone, which the HF reference computes
     stages = {k: v for k, v in (("num_layers_in_first_pipeline_stage", a.first),
@@ -63,18 +126,44 @@ def run(a) -> dict:
     dispatchers = a.dispatcher.split(",")
     if len(dispatchers) > 1:  # one model per dispatcher in this launch, built, compared and dropped in turn
         results = {d: _one(a, d, layout, bridge, adapter, info, stages) for d in dispatchers}
-        return {"layout": layout.describe(), "world_size": info.world_size, "by_dispatcher": results,
-                "seconds": round(time.time() - t0, 2)}
+        return {"layout": layout.describe(), "world_size": info.world_size, **_data_parallel(a),
+                "by_dispatcher": results, "seconds": round(time.time() - t0, 2)}
     result = _one(a, a.dispatcher, layout, bridge, adapter, info, stages)
-    result["seconds"] = round(time.time() - t0, 2)
+    result.update(_data_parallel(a), seconds=round(time.time() - t0, 2))
     return result
+
+
+def _data_parallel(a) -> dict:
+    """Megatron's data-parallel and expert-data-parallel sizes, and the reference rows and loss tokens each
+    data-parallel rank ran (gathered from every rank: the TP, PP and EP ranks of one data-parallel rank agree)."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from mcore_dapo.runtime.forward import data_parallel_rows
+
+    ref = torch.load(a.reference, mmap=True)
+    rows = data_parallel_rows(len(ref["tokens"]))
+    mask = ref.get("loss_mask")
+    mine = (ps.get_data_parallel_rank(), list(range(len(ref["tokens"])))[rows],
+            None if mask is None else int(mask[rows].sum()))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    by_rank = {}
+    for rank, its_rows, tokens in every:
+        if by_rank.setdefault(rank, (its_rows, tokens)) != (its_rows, tokens):
+            raise RuntimeError(f"the ranks of data-parallel rank {rank} ran different rows: {every}")
+    return {"data_parallel": ps.get_data_parallel_world_size(),
+            "expert_data_parallel": ps.get_expert_data_parallel_world_size(),
+            "rows_by_dp_rank": [by_rank[r][0] for r in sorted(by_rank)],
+            "loss_tokens_by_dp_rank": [by_rank[r][1] for r in sorted(by_rank)]}
 
 
 def _one(a, dispatcher, layout, bridge, adapter, info, stages) -> dict:
     import torch
 
     from mcore_dapo.io.hf_reader import HFReader
-    from mcore_dapo.runtime.forward import run_schedule
+    from mcore_dapo.runtime.forward import data_parallel_rows, run_schedule
     from mcore_dapo.runtime.model import build_model, load_hf_weights
 
     chunks, tf = build_model(bridge, adapter, dtype=a.dtype, dispatcher=dispatcher, aux_loss_coeff=0.0,
@@ -90,20 +179,25 @@ def _one(a, dispatcher, layout, bridge, adapter, info, stages) -> dict:
         with HFReader(a.hf_path) as reader:
             loaded = load_hf_weights(chunks, bridge, reader, info)
     ref = torch.load(a.reference, mmap=True)  # the gradients of a real-width reference are GBs: paged in, shared
-    tokens, ref_logits = ref["tokens"], ref["logits"].float()
+    rows = data_parallel_rows(len(ref["tokens"]))  # this data-parallel rank's sequences
+    tokens, ref_logits = ref["tokens"][rows], ref["logits"][rows].float()
+    real = (ref["attention_mask"][rows] if "attention_mask" in ref else torch.ones_like(tokens)).bool()
     for c in chunks:
         c.eval()
     with torch.no_grad():
         logits = run_schedule(chunks, tokens, micro_batch_size=1)
     device = next(chunks[0].parameters()).device
-    # max |diff| on the last stage, shared with every rank (others contribute -1)
+    # on the real tokens of every last-stage rank's rows: max |diff|, mean |diff| and top-1 disagreement,
+    # the largest over the ranks shared with every rank (others contribute -1)
     stat = [-1.0, -1.0, -1.0]
     if logits is not None:
-        logits = logits[..., : bridge.cfg.vocab_size].float().cpu()
+        logits = logits[..., : bridge.cfg.vocab_size].float().cpu()[real]
+        ref_logits = ref_logits[real]
         diff = (logits - ref_logits).abs()
         top1 = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean()
-        stat = [diff.max().item(), diff.mean().item(), top1.item()]
+        stat = [diff.max().item(), diff.mean().item(), 1.0 - top1.item()]
     stat = _reduced(stat, device)
+    stat[2] = 1.0 - stat[2]
     result = {
         "layout": layout.describe(),
         "world_size": info.world_size,
@@ -117,17 +211,19 @@ def _one(a, dispatcher, layout, bridge, adapter, info, stages) -> dict:
         "top1_agreement": stat[2],
     }
     if a.backward:
-        result.update(backward(a, chunks, tf, bridge, info, tokens, ref, device))
+        result.update(backward(a, chunks, tf, bridge, info, rows, ref, device))
     return result
 
 
-def backward(a, chunks, tf, bridge, info, tokens, ref, device) -> dict:
-    """A training forward+backward through Megatron's schedules with Megatron's DDP and its
-    ``finalize_model_grads`` (as verl's engine trains: data-parallel and TP-replicated gradients reduced),
-    then every parameter's gradient brought to HF names by the weight exporter (the same gathers as a
-    weight sync) and compared on rank 0 with the HF model's gradient of the same loss (``ref["grads"]``)."""
+def backward(a, chunks, tf, bridge, info, rows, ref, device) -> dict:
+    """A training forward+backward of this data-parallel rank's ``rows`` through Megatron's schedules with
+    Megatron's DDP and its ``finalize_model_grads`` (as verl's engine trains: data-parallel and TP-replicated
+    gradients reduced; the loss verl's token-mean over the global batch's loss tokens), then every parameter's
+    gradient brought to HF names by the weight exporter (the same gathers as a weight sync) and compared on
+    rank 0 with the HF model's gradient of the same loss over the whole batch (``ref["grads"]``)."""
     import torch
     import torch.distributed as dist
+    from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed import finalize_model_grads
 
@@ -148,8 +244,17 @@ def backward(a, chunks, tf, bridge, info, tokens, ref, device) -> dict:
     for c in chunks:
         c.train()
         c.zero_grad_buffer()
-    losses = run_schedule(chunks, tokens, labels=ref["labels"], forward_only=False, micro_batch_size=1)
-    loss = _reduced([sum(x.item() for x in losses) / len(losses) if losses else -1.0], device)[0]
+    tokens = ref["tokens"][rows]
+    mask = ref["loss_mask"][rows] if "loss_mask" in ref else torch.ones_like(tokens)
+    # the global batch's loss tokens, summed over the data-parallel ranks as verl's engine does
+    count = torch.tensor([float(mask.sum())], dtype=torch.float64, device=device)
+    dist.all_reduce(count, group=ps.get_data_parallel_group())
+    losses = run_schedule(chunks, tokens, labels=ref["labels"][rows], loss_mask=mask, num_tokens=int(count.item()),
+                          forward_only=False, micro_batch_size=1)
+    # each last-stage rank's parts of the global loss, summed over the data-parallel ranks
+    part = torch.tensor([sum(x.item() for x in losses) if losses else 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(part, group=ps.get_data_parallel_group())
+    loss = _reduced([part.item() if losses is not None else -1.0], device)[0]
     out = {"train_loss": loss, "reference_loss": ref["loss"],
            "loss_rel_diff": abs(loss - ref["loss"]) / max(abs(ref["loss"]), 1e-30)}
     exporter = WeightExporter(chunks, bridge, info, tensors=lambda p: p.main_grad)

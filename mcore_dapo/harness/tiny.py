@@ -80,7 +80,30 @@ def tiny_prompts(vocab_size: int, batch: int = 2, seq: int = 16, seed: int = 123
     return torch.randint(0, vocab_size, (batch, seq), generator=g)
 
 
-def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
+PAD_ID = 0
+# the lengths of a reference batch's sequences, cycled, as fractions of --seq: every sequence padded, and the shares
+# of 2 or 4 data-parallel ranks with different numbers of loss tokens (at 16: 15, 11, 6, 9 tokens; 14+10 and 5+8
+# loss tokens at DP2)
+LENGTHS = (15 / 16, 11 / 16, 6 / 16, 9 / 16)
+
+
+def tiny_batch(vocab_size: int, batch: int = 4, seq: int = 16, seed: int = 1234) -> dict:
+    """A right-padded batch of sequences of different lengths, as verl pads its batches: ``tokens`` [B, S] (the
+    pad id past each length), ``attention_mask`` [B, S] (1 on real tokens), ``labels`` [B, S] (the next token,
+    the pad id where there is none) and ``loss_mask`` [B, S] (1 where a real token predicts a real one)."""
+    import torch
+
+    tokens = tiny_prompts(vocab_size, batch, seq, seed)
+    lengths = torch.tensor([max(2, min(seq, round(seq * LENGTHS[i % len(LENGTHS)]))) for i in range(batch)])
+    pos = torch.arange(seq)
+    attention = pos < lengths[:, None]
+    loss = pos < lengths[:, None] - 1
+    tokens = tokens.masked_fill(~attention, PAD_ID)
+    labels = torch.roll(tokens, -1, dims=1).masked_fill(~loss, PAD_ID)
+    return {"tokens": tokens, "attention_mask": attention.long(), "labels": labels, "loss_mask": loss.long()}
+
+
+def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32", attention_mask=None):
     """Logits of the HF transformers model (eager attention), as float32. Run in a clean process."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -89,11 +112,13 @@ def hf_reference_logits(hf_path: str | Path, tokens, dtype: str = "float32"):
                                                  attn_implementation="eager")
     model.eval()
     with torch.no_grad():
-        return model(input_ids=tokens).logits.float()
+        return model(input_ids=tokens, attention_mask=attention_mask).logits.float()
 
 
-def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | None = None) -> tuple[float, dict]:
-    """The HF model's mean token cross-entropy of ``labels`` and the gradient of every parameter under the
+def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | None = None,
+                       attention_mask=None, loss_mask=None) -> tuple[float, dict]:
+    """The HF model's token-mean cross-entropy of ``labels`` over the whole batch's ``loss_mask`` tokens (all
+    tokens without one: verl's token-mean over the global batch) and the gradient of every parameter under the
     hub's names (the fused in-memory experts split per expert), float32, eager attention, no auxiliary
     loss (the engine trains with ``aux_loss_coeff=0``). ``padded_vocab``: the loss over that many logits,
     the rows past the vocabulary at zero, as a Megatron output layer padded with zero rows computes it
@@ -105,10 +130,13 @@ def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | 
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
     model.train()
-    logits = model(input_ids=tokens).logits.float()
+    logits = model(input_ids=tokens, attention_mask=attention_mask).logits.float()
     if padded_vocab:
         logits = torch.cat([logits, logits.new_zeros(*logits.shape[:-1], padded_vocab - logits.shape[-1])], -1)
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    per_token = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                                                  reduction="none")
+    mask = torch.ones_like(per_token) if loss_mask is None else loss_mask.reshape(-1).float()
+    loss = (per_token * mask).sum() / mask.sum()
     loss.backward()
     grads = {}
     for name, p in model.named_parameters():
@@ -129,7 +157,8 @@ def main(argv=None) -> int:
     ap.add_argument("path")
     ap.add_argument("out", nargs="?")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=4,
+                    help="with 'reference': sequences, split over the data-parallel ranks of harness.logits")
     ap.add_argument("--seq", type=int, default=16)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--like", default=None, help="with 'model': the real width of this config, --layers layers")
@@ -144,11 +173,11 @@ def main(argv=None) -> int:
             make_tiny_model(a.path, seed=a.seed)
         return 0
     vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
-    tokens = tiny_prompts(vocab, a.batch, a.seq)
-    # the training loss of harness.logits --backward: next-token labels (the last position predicts the first)
-    labels = torch.roll(tokens, -1, dims=1)
-    loss, grads = hf_reference_grads(a.path, tokens, labels, a.padded_vocab)
-    torch.save({"tokens": tokens, "logits": hf_reference_logits(a.path, tokens, a.dtype), "labels": labels,
+    b = tiny_batch(vocab, a.batch, a.seq)
+    # the training loss of harness.logits --backward: next-token labels, a token-mean over the batch's loss mask
+    loss, grads = hf_reference_grads(a.path, b["tokens"], b["labels"], a.padded_vocab, b["attention_mask"],
+                                     b["loss_mask"])
+    torch.save({**b, "logits": hf_reference_logits(a.path, b["tokens"], a.dtype, b["attention_mask"]),
                 "loss": loss, "grads": grads, "padded_vocab": a.padded_vocab}, a.out)
     return 0
 

@@ -17,12 +17,36 @@ def _gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
+def data_parallel_rows(n: int) -> slice:
+    """This rank's rows of a global batch of ``n`` sequences: its data-parallel rank's contiguous share, as
+    verl splits a batch over the data-parallel ranks (the TP, PP and CP ranks of one data-parallel rank share
+    its rows)."""
+    from megatron.core import parallel_state as ps
+
+    from mcore_dapo.errors import accepted
+
+    dp, rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    if n % dp:
+        raise accepted("batch", n, f"a multiple of the {dp} data-parallel ranks")
+    share = n // dp
+    return slice(rank * share, (rank + 1) * share)
+
+
 def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = None,
+                 loss_mask: torch.Tensor | None = None, num_tokens: int | None = None,
                  forward_only: bool = True, micro_batch_size: int = 1):
     """Run ``tokens`` [B, S] through the model with Megatron's forward-backward function.
 
     Returns, on the last pipeline stage, the full-vocab logits [B, S, V_padded]
     (forward_only) or the list of per-microbatch losses; ``None`` elsewhere.
+
+    With ``loss_mask`` [B, S] and ``num_tokens`` (the loss-mask tokens of the global batch, over every
+    data-parallel rank) the loss is verl's token-mean over the global batch: a micro-batch's loss is its
+    masked cross-entropy sum over ``num_tokens``, and the list holds these parts (their sum over micro-batches
+    and data-parallel ranks is the global loss). Backpropagated is that part times the data-parallel size
+    (verl's ``agg_loss``, trainer/ppo/core_algos.py) and times the number of micro-batches (verl's engine,
+    workers/engine/megatron/transformer_impl.py): Megatron's schedule divides by the latter and its DDP by the
+    former. Padding is on the right: the causal mask keeps every real token from the padding after it.
     """
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -39,7 +63,12 @@ def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = 
         mb = {"tokens": tokens[i:i + micro_batch_size], "position_ids": position_ids.expand(micro_batch_size, s)}
         if labels is not None:
             mb["labels"] = labels[i:i + micro_batch_size]
+        if loss_mask is not None:
+            mb["loss_mask"] = loss_mask[i:i + micro_batch_size].to(device)
         batches.append(mb)
+    if loss_mask is not None and not num_tokens:
+        raise ValueError("a loss mask needs the global batch's number of loss tokens (num_tokens)")
+    scale = ps.get_data_parallel_world_size() * (b // micro_batch_size)
     outputs = []
 
     def forward_step(data_iterator, model):
@@ -47,6 +76,10 @@ def run_schedule(chunks, tokens: torch.Tensor, *, labels: torch.Tensor | None = 
         out = model(mb["tokens"], mb["position_ids"], None, labels=mb.get("labels"))
 
         def loss_func(output_tensor):
+            if "loss_mask" in mb:
+                part = (output_tensor.float() * mb["loss_mask"]).sum() / num_tokens
+                outputs.append(part.detach().clone())
+                return part * scale, {"loss": part.detach().clone()}
             if "labels" in mb:
                 loss = output_tensor.float().mean()
                 # a copy: Megatron's schedule divides the returned loss by the number of micro-batches in place
