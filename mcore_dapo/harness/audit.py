@@ -36,6 +36,10 @@ ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sam
 # the update multiplies its policy-gradient terms with, and the rollout's own log-probs they come from
 CORRECTION = ("rollout_is_weights", "rollout_log_probs")
 KL = "ref_log_prob"  # with the KL loss on (actor.use_kl_loss): the reference engine's log-probs
+# the mask verl's agent loop stored at rollout time (verl/trainer/ppo/v1/agent_loop_tq.py: loss_mask =
+# response_mask), whose sum is the token-mean's denominator (verl/workers/engine/megatron/transformer_impl.py,
+# forward_backward_batch); the rollout correction's rejection sampling updates response_mask only
+LOSS_MASK = "loss_mask"
 
 
 def audited(cls):
@@ -86,7 +90,7 @@ def audited_train_batch(engine, train_batch, data, loss_function):
             src = Path(engine.model_config.local_path) / name
             if src.is_file():
                 shutil.copy(src, folder / "hf" / name)
-    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES, *CORRECTION, KL) if k in data.keys()}
+    batch = {k: _pieces(data[k]) for k in (*FIELDS, ROUTES, *CORRECTION, KL, LOSS_MASK) if k in data.keys()}
     routers: dict[int, float] = {}
     lrs: list[float] = []
     optimizer = engine.optimizer

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.harness.audit import CORRECTION, FIELDS, KL, ROUTES
+from mcore_dapo.harness.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES
 
 
 class ForcedRoutes:
@@ -77,7 +77,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     for p in parts:
         engine_routers.update(p.get("router_grad_norms", {}))
     settings = {**LOSS_DEFAULTS, **(settings or {})}
-    seqs, cols = [], {k: [] for k in (*FIELDS[1:], *CORRECTION, KL)}
+    seqs, cols = [], {k: [] for k in (*FIELDS[1:], *CORRECTION, KL, LOSS_MASK)}
     shares = {}  # each data-parallel rank's share once (its tensor- and pipeline-parallel ranks hold the same)
     for p in parts:
         shares.setdefault(p.get("dp_rank", len(shares)), p)
@@ -115,7 +115,14 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         checks.update(is_weights_max_abs_diff=float((ours - weights).abs()[valid].max()),
                       is_weights_min=float(weights[valid].min()), is_weights_max=float(weights[valid].max()),
                       is_weights_off_one=float(((weights - 1).abs() > 1e-3)[valid].float().mean()))
-    cfg = actor_config(dp_size=1, batch_num_tokens=int(mask.sum()))
+    # the token-mean's denominator as verl 0.9.1 counts it: the loss mask its agent loop stored at rollout time
+    # (verl/trainer/ppo/v1/agent_loop_tq.py), which the rollout correction's rejection sampling does not update
+    # (it zeroes response_mask only): a rejected response's tokens leave the sum and stay in the denominator
+    # (audits without the loss mask: every response token, as that mask holds for single-turn responses)
+    denominator = int(sum(int(m.sum()) for m in cols[LOSS_MASK])) if cols[LOSS_MASK] else \
+        int(sum(m.numel() for m in cols["response_mask"]))
+    checks["rejected_tokens"] = denominator - int(mask.sum())
+    cfg = actor_config(dp_size=1, batch_num_tokens=denominator)
     loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
                                             loss_agg_mode="token-mean", config=cfg, rollout_is_weights=weights)
     if settings["use_kl_loss"]:  # verl's ppo_loss (verl/workers/utils/losses.py): + coef * token-mean KL to the ref
@@ -125,7 +132,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             raise ValueError(f"{folder.name}: the KL loss is on but the batch holds no {KL}")
         kld = kl_penalty(logprob=new, ref_logprob=_padded(cols[KL]), kl_penalty=settings["kl_loss_type"])
         kl = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode="token-mean", dp_size=1,
-                      batch_num_tokens=int(mask.sum()))
+                      batch_num_tokens=denominator)
         loss = loss + float(settings["kl_loss_coef"]) * kl
         checks["reference_kl_loss"] = float(kl.detach())
     loss.backward()
