@@ -226,10 +226,10 @@ def _register():
             self.last_hash = sent.hexdigest()
             self._send_object({"meta": meta, "is_last": True, "hash": self.last_hash, "bytes": sent.bytes})
             self._broadcast(bucket)
-            same_stream_on_every_rank(walked.hexdigest())
             seconds = time.time() - t0
             record("send", 0, global_steps, sent, seconds)
             record("export", 0, global_steps, exported, seconds)  # by tensor: what a consumer's commit hashes
+            same_stream_on_every_rank(walked.hexdigest())
             log.info("gloo checkpoint engine: step %s, %d bytes in %.2f s", global_steps, sent.bytes, seconds)
             return {"timing_s/weight_sync_transport": seconds}
 
