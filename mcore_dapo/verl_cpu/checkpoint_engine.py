@@ -122,8 +122,6 @@ def _register():
             self.world_size = None
             self.group = None
             self.store = None
-            self.port = None
-            self.last_hash = None
 
         def prepare(self):
             if not self.is_master:
@@ -133,8 +131,8 @@ def _register():
             from verl.utils.net_utils import get_free_port
 
             host = ray.util.get_node_ip_address().strip("[]") if ray.is_initialized() else "127.0.0.1"
-            self.port, _ = get_free_port(host)
-            return MasterMetadata(host=host, port=int(self.port))
+            port, _ = get_free_port(host)
+            return MasterMetadata(host=host, port=int(port))
 
         @classmethod
         def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list):
@@ -223,8 +221,7 @@ def _register():
                 sent.data(chunk)
                 offset += tensor_meta.chunk_size
             sent.meta("end", (), torch.uint8)
-            self.last_hash = sent.hexdigest()
-            self._send_object({"meta": meta, "is_last": True, "hash": self.last_hash, "bytes": sent.bytes})
+            self._send_object({"meta": meta, "is_last": True, "hash": sent.hexdigest(), "bytes": sent.bytes})
             self._broadcast(bucket)
             seconds = time.time() - t0
             record("send", 0, global_steps, sent, seconds)
