@@ -220,7 +220,7 @@ def test_the_update_data_parallel_layout_is_audited(tiny_run):
 #   at least one update's |loss| is above 2 * LOSS_ABS (answers of varied length, importance weights off 1; the
 #   largest measured 3.0e-2 in the separate_async run, 9.2e-3 in the colocate_async one), where a loss doubled or
 #   halved is off by more than the bound.
-LOGPROB_ABS, IS_WEIGHT_ABS = 5e-2, 5e-2
+LOGPROB_ABS, IS_WEIGHT_ABS, GRAD_NORM_REL_NATIVE_ROUTING = 5e-2, 5e-2, 5e-2
 
 
 def check_audit(audit, threshold_is=True, loss_sharp=True):
@@ -230,8 +230,14 @@ def check_audit(audit, threshold_is=True, loss_sharp=True):
         # config, mapped by verl's own init_megatron_optim_config) are those the engine's optimizer held
         assert a["optimizer_source"] == "launch" and a["optimizer_failures"] == [], a
         assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), a
+        # routes forced on the reference (R3): the engine's and the reference's gradients flow through the same
+        # experts; without replay (megatron-core before 0.16) bf16 and fp32 routers may pick different experts for
+        # a token near a tie, which moves the gradient's norm while the log-probs and the loss agree: measured 3.5 %
+        # at one update on the 0.12.1 line (log-probs 1.8e-2, loss 2.7e-4 apart; a bf16 reference is 23 % off there),
+        # as the engine test's 3.1 % at one seed (tests/test_verl_engine.py): 5e-2, a factor of 2 twenty times over
+        rel = GRAD_NORM_REL if a["forced_routes"] else GRAD_NORM_REL_NATIVE_ROUTING
         assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= (
-            GRAD_NORM_REL * a["reference_grad_norm"] + GRAD_NORM_ABS), a
+            rel * a["reference_grad_norm"] + GRAD_NORM_ABS), a
         assert a["logprob_max_abs_diff"] < LOGPROB_ABS, a
         if threshold_is:
             assert a["is_weights_max_abs_diff"] < IS_WEIGHT_ABS, a
