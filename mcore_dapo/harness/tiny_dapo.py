@@ -59,8 +59,9 @@ VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
 
 REPLAY_MODES = ("off", "R2", "R3")  # --router-replay; the mode itself is the scripts' ROUTER_REPLAY
 
-# --trainer-mode: verl 0.9.1's v1 trainer modes (trainer.v1.trainer_mode); the scripts' ASYNC names them
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+# --trainer-mode: verl 0.9.1's v1 trainer modes (trainer.v1.trainer_mode) -> the scripts' ASYNC for each
+ASYNC = {"sync": "off", "colocate_async": "colocate", "separate_async": "separate"}
+TRAINER_MODES = tuple(ASYNC)
 # separate_async on the CPU: the rollout's own pool, one slot (one hf_cpu or vLLM server process)
 ROLLOUT_SLOTS = 1
 
@@ -101,10 +102,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "configs" / "dapo" / "common.sh"
 # on any other difference).
 SIZES, COUNTS, ROLLOUT_CPU, PACKING = "size", "device and process counts", "rollout on the CPU", "packing"
 TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
-
-
-# --trainer-mode -> the scripts' ASYNC
-ASYNC = {"sync": "off", "colocate_async": "colocate", "separate_async": "separate"}
 
 
 def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = "sync") -> dict:
