@@ -1,10 +1,11 @@
 """The gloo checkpoint engine (``mcore_dapo.verl_cpu.checkpoint_engine``, verl's weight transport for
 ``separate_async`` on a host without an accelerator) between real processes, as verl's CheckpointEngineManager
 drives it (``harness/check_checkpoint_engine.py``: two trainer ranks with a gloo group of their own, one rollout
-rank): the tensors arrive bit for bit, over several buckets and a tensor split in chunks, while a trainer rank that yields
-another stream than rank 0 fails the sync naming it (one launch); a byte changed on the way fails the sync before
-the consumer commits (the rollout keeps the weights it had). And verl registers it through
-``checkpoint_engine.custom_backend_module``. Where: M, A; ``cpu_only`` (gloo between host processes)."""
+rank, two syncs in one launch, each with its own process group as verl rebuilds one per sync): the tensors arrive
+bit for bit, over several buckets and a tensor split in chunks, while a trainer rank that yields another stream than
+rank 0 fails the sync naming it; a byte changed on the way fails the next sync before the consumer commits (the
+rollout keeps the weights it had). And verl registers it through ``checkpoint_engine.custom_backend_module``.
+Where: M, A; ``cpu_only`` (gloo between host processes)."""
 
 import pytest
 
@@ -13,22 +14,26 @@ pytestmark = [pytest.mark.cpu_only, pytest.mark.timeout(600)]
 pytest.importorskip("verl")
 
 
-def _run(tmp_path, mutation):
+@pytest.fixture(scope="module")
+def syncs(tmp_path_factory):
     from mcore_dapo.harness.check_checkpoint_engine import run
 
-    return run(tmp_path / mutation, mutation)
+    r = run(tmp_path_factory.mktemp("checkpoint-engine"))
+    assert all(e is None for e in r["exits"].values()), r["exits"]
+    return r
 
 
-def test_weights_arrive_bit_for_bit_and_a_rank_walking_another_order_fails_the_sync(tmp_path):
-    # one launch for both: trainer rank 1 yields its tensors in another order than rank 0 (verl's relay ranks would
-    # cut other bucket boundaries from such a stream). Rank 0's stream, the one sent, arrives bit for bit over
-    # several buckets and a tensor split in chunks, with the sender's and the receiver's hashes equal; then both
-    # trainer ranks raise, naming rank 1
-    r = _run(tmp_path, "order")
-    assert r["received"] == {"names": r["sent"], "committed": True, "equal": True}
-    send = [s for s in r["sync"] if s["side"] == "send"]
-    receive = [s for s in r["sync"] if s["side"] == "receive"]
-    assert len(receive) == 1 and receive[0]["step"] == 3
+def test_weights_arrive_bit_for_bit_and_a_rank_walking_another_order_fails_the_sync(syncs):
+    # trainer rank 1 yields its tensors in another order than rank 0 (verl's relay ranks would cut other bucket
+    # boundaries from such a stream). Rank 0's stream, the one sent, arrives bit for bit over several buckets and a
+    # tensor split in chunks, with the sender's and the receiver's hashes equal; then both trainer ranks raise,
+    # naming rank 1
+    r = syncs["syncs"][3]
+    assert r["mutation"] == "order"
+    assert r["received"] == {"names": syncs["sent"], "committed": True, "equal": True}
+    send = [s for s in syncs["sync"] if s["side"] == "send" and s["step"] == 3]
+    receive = [s for s in syncs["sync"] if s["side"] == "receive" and s["step"] == 3]
+    assert len(receive) == 1
     assert r["errors"]["rollout0"] is None, r["errors"]
     for rank in ("trainer0", "trainer1"):
         assert "ranks [1] yielded another weight stream than rank 0" in (r["errors"][rank] or ""), r["errors"]
@@ -36,12 +41,15 @@ def test_weights_arrive_bit_for_bit_and_a_rank_walking_another_order_fails_the_s
     assert send[0]["bytes"] == receive[0]["bytes"] > 4096  # more than one bucket
 
 
-def test_a_corrupted_bucket_fails_before_the_consumer_commits(tmp_path):
-    # mutation: one byte of the second bucket flipped on the rollout's side after its broadcast
-    r = _run(tmp_path, "corrupt")
+def test_a_corrupted_bucket_fails_before_the_consumer_commits(syncs):
+    # mutation: one byte of the second bucket flipped on the rollout's side after its broadcast, in the next sync
+    # (a group of its own: the failed sync before it left nothing behind)
+    r = syncs["syncs"][4]
+    assert r["mutation"] == "corrupt"
     assert "arrived corrupted" in (r["errors"]["rollout0"] or ""), r["errors"]
     assert r["received"]["committed"] is False  # the last tensor never reached the consumer
-    assert len(r["received"]["names"]) < len(r["sent"])
+    assert len(r["received"]["names"]) < len(syncs["sent"])
+    assert r["errors"]["trainer0"] is None and r["errors"]["trainer1"] is None, r["errors"]
 
 
 def test_verl_finds_the_backend_through_custom_backend_module():

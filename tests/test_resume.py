@@ -68,11 +68,12 @@ def test_the_resumed_run_starts_at_step_3(resumed):
 # weights and optimizer state they start from, the learning rate, the dataloader's position), and their updates
 # against the uninterrupted computation: each of the killed run's steps 1 and 2 and the resumed run's steps 3 and 4
 # recomputed on the HF model in fp32, with Megatron's optimizer step chained across the kill
-# (harness/resume.chained_reference), under tests/test_verl_trainer.py's tolerances (argued there):
-LOSS_ABS, GRAD_NORM_REL, GRAD_NORM_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 2.5e-3, 1e-2, 5e-3, 0.1, 4e-3
+# (harness/resume.chained_reference), under tests/test_verl_trainer.py's tolerances (argued there)
 
 
 def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_trainer_run):
+    from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, grad_norm_bound
+
     from mcore_dapo.harness.resume import KILL_STEP
 
     c = resumed["compare"]
@@ -90,8 +91,7 @@ def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_
         lr_sum += a["lr"]
         updates += a["lr"] > 0
         assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), (step, a)
-        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= (
-            GRAD_NORM_REL * a["reference_grad_norm"] + GRAD_NORM_ABS), (step, a)
+        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= grad_norm_bound(a), (step, a)
         assert a["weights_beyond_one_step"] <= BEYOND_PER_UPDATE * updates, (step, a)
         assert a["weights_max_abs_diff"] < 2.5 * lr_sum + HALF_SPACING, (step, a)
     # the control: the resumed run's first update against a reference whose Adam starts there (fresh moments and

@@ -171,10 +171,12 @@ def test_every_update_matches_the_hf_reference(tiny_run):
     check_audit(audit)
 
 
-def test_a_token_permutation_of_the_replayed_routes_fails_the_per_token_check(tiny_run):
+def test_routes_replayed_to_other_experts_fail_the_per_token_check(tiny_run):
     # R3 against an independent reference: the rollout's routes forced on the fp32 HF model reproduce the engine's
-    # log-probs (check_audit); the same routes moved by one token (what a token-order bug in the replay path gives)
-    # do not
+    # log-probs (check_audit); the same routes with every expert index moved by one (what mixing up an expert-parallel
+    # rank's local and global expert indices gives) do not. (The routes moved by one token instead, a token-order
+    # mutation, moved the log-probs by 1.3e-2 only in one run of this test: a tiny model's consecutive tokens often
+    # take the same experts.)
     from mcore_dapo import megatron_compat
     from mcore_dapo.harness.audit_reference import reference_step
 
@@ -182,8 +184,8 @@ def test_a_token_permutation_of_the_replayed_routes_fails_the_per_token_check(ti
         pytest.skip("this megatron-core has no routing replay (from 0.16.0): the run trained without it")
     _, _, audit, work = tiny_run
     folder = sorted((Path(work) / "audit").glob("step-*"))[-1]
-    shifted = reference_step(folder, routes_shift=1)
-    assert shifted["forced_routes"] and shifted["logprob_max_abs_diff"] > 4 * LOGPROB_ABS, shifted
+    moved = reference_step(folder, routes_offset=1)
+    assert moved["forced_routes"] and moved["logprob_max_abs_diff"] > LOGPROB_ABS, moved
 
 
 def test_the_update_data_parallel_layout_is_audited(tiny_run):
@@ -220,7 +222,23 @@ def test_the_update_data_parallel_layout_is_audited(tiny_run):
 #   at least one update's |loss| is above 2 * LOSS_ABS (answers of varied length, importance weights off 1; the
 #   largest measured 3.0e-2 in the separate_async run, 9.2e-3 in the colocate_async one), where a loss doubled or
 #   halved is off by more than the bound.
+# - the grad norm where the sequences' gradients cancel: a group whose answers are alike has advantages summing to 0
+#   and gradients nearly alike, and the batch's gradient is a small remainder of large terms (the reference's norm
+#   0.023 against 1.95 for the sum of its sequences' gradient norms, at one colocate_async update, 2026-12-03). The
+#   engine's rounding moves each sequence's gradient by a share of its own norm, so the batch's by a share of that
+#   sum: measured 1.3e-2 of it there without router replay (the engine's norm 0.049), where the relative bound
+#   alone fails; 2.5e-2 without replay, 1e-2 with it (the routes the same on both sides). A gradient mis-scaled by
+#   two is still off by more than either bound wherever the batch's gradient is not a remainder.
 LOGPROB_ABS, IS_WEIGHT_ABS, GRAD_NORM_REL_NATIVE_ROUTING = 5e-2, 5e-2, 5e-2
+SEQUENCES_REL, SEQUENCES_REL_NATIVE_ROUTING = 1e-2, 2.5e-2
+
+
+def grad_norm_bound(a: dict) -> float:
+    """How far the engine's grad norm may be from the reference's at one audited update (the tolerances above)."""
+    replayed = bool(a["forced_routes"])
+    rel = GRAD_NORM_REL if replayed else GRAD_NORM_REL_NATIVE_ROUTING
+    share = SEQUENCES_REL if replayed else SEQUENCES_REL_NATIVE_ROUTING
+    return max(rel * a["reference_grad_norm"] + GRAD_NORM_ABS, share * a["reference_sequences_grad_norm_sum"])
 
 
 def check_audit(audit, threshold_is=True, loss_sharp=True):
@@ -235,9 +253,7 @@ def check_audit(audit, threshold_is=True, loss_sharp=True):
         # a token near a tie, which moves the gradient's norm while the log-probs and the loss agree: measured 3.5 %
         # at one update on the 0.12.1 line (log-probs 1.8e-2, loss 2.7e-4 apart; a bf16 reference is 23 % off there),
         # as the engine test's 3.1 % at one seed (tests/test_verl_engine.py): 5e-2, a factor of 2 twenty times over
-        rel = GRAD_NORM_REL if a["forced_routes"] else GRAD_NORM_REL_NATIVE_ROUTING
-        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= (
-            rel * a["reference_grad_norm"] + GRAD_NORM_ABS), a
+        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= grad_norm_bound(a), a
         assert a["logprob_max_abs_diff"] < LOGPROB_ABS, a
         if threshold_is:
             assert a["is_weights_max_abs_diff"] < IS_WEIGHT_ABS, a
@@ -254,8 +270,6 @@ def check_audit(audit, threshold_is=True, loss_sharp=True):
     # above carry the comparison there)
     if loss_sharp:
         assert max(abs(a["reference_loss"]) for a in audit) > 2 * LOSS_ABS, [a["reference_loss"] for a in audit]
-    # the importance weights were not all 1 (the correction acted) and were applied by both sides
-    assert max(a["is_weights_off_one"] for a in audit) > 0, audit
 
 
 def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
@@ -412,3 +426,17 @@ def test_every_colocate_async_update_matches_the_hf_reference(vllm_run):
     # vLLM's samples of the taught model were all 3 tokens long in one run of this test (2026-12-03): the loss is
     # then about 0 by construction, and the per-token log-prob and importance-weight checks carry the comparison
     check_audit(audit, loss_sharp=False)
+
+
+def test_rollout_log_probs_moved_fail_the_importance_weight_check(vllm_run):
+    # the importance weights verl gave the update against min(pi_old / pi_rollout, 2.0) from the reference's pi_old and
+    # vLLM's own log-probs (check_audit): with vLLM's log-probs moved by 0.1 (a sync one version behind, a log-prob of
+    # another token) each weight moves by a tenth and the check fails. (Whether the weights are off 1 at all depends
+    # on the samples: a model whose answers have probabilities near 1 gives weights within 1e-3 of 1 at every token,
+    # as in one run of this test.)
+    from mcore_dapo.harness.audit_reference import reference_step
+
+    _, _, work, _ = vllm_run
+    folder = sorted((Path(work) / "audit").glob("step-*"))[-1]
+    moved = reference_step(folder, rollout_log_prob_shift=0.1)
+    assert moved["is_weights_max_abs_diff"] > IS_WEIGHT_ABS, moved

@@ -59,11 +59,15 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 
 
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
-                   grads: dict | None = None, settings: dict | None = None, routes_shift: int = 0) -> dict:
+                   grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
+                   rollout_log_prob_shift: float = 0.0) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
-    the reference routes by itself even when the batch carries routes (for comparisons); ``routes_shift``: the
-    routes moved by that many tokens (a token-order mutation the per-token check must see). ``dtype``:
+    the reference routes by itself even when the batch carries routes (for comparisons). Mutations the checks must
+    see: ``routes_offset``, every replayed expert index moved by that many (expert e to e + offset modulo the
+    experts: what mixing up expert-parallel ranks' local and global expert indices gives);
+    ``rollout_log_prob_shift``, the rollout's log-probs moved by that much before the importance weights are
+    recomputed from them. ``dtype``:
     the HF model's (``torch.bfloat16`` shows how far bf16 rounding alone moves the loss)."""
     from transformers import AutoModelForCausalLM
 
@@ -87,18 +91,20 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             cols[k] += p["batch"].get(k, [])
     routes = [r for p in shares.values() for r in p["batch"].get(ROUTES, [])] if force_routes else None
     routes = routes or None
-    if routes is not None and routes_shift:  # a mutation: each token gets another token's routes
-        routes = [r.roll(routes_shift, 0) for r in routes]
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
                                                  attn_implementation="eager").train()
+    if routes is not None and routes_offset:  # a mutation: every token routed to other experts
+        routes = [(r + routes_offset) % model.config.num_experts for r in routes]
     forced = ForcedRoutes(model)
     new = torch.zeros_like(old)
+    pieces = []  # each sequence's response log-probs, with its own graph
     for i, s in enumerate(seqs):
         r, n = int(mask[i].sum()), s.shape[0]
         forced.routes = None if routes is None else routes[i]
         logits = model(input_ids=s[None]).logits[0].float()
-        new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
+        pieces.append(torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1))
+        new[i, :r] = pieces[-1]
     forced.close()
     valid = mask > 0
     # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
@@ -110,7 +116,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     if weights is not None and cols["rollout_log_probs"]:
         # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold), recomputed from the
         # reference's pi_old and the rollout's own log-probs
-        rollout_lp = _padded(cols["rollout_log_probs"])
+        rollout_lp = _padded(cols["rollout_log_probs"]) + rollout_log_prob_shift
         ours = torch.exp(new.detach() - rollout_lp).clamp(max=float(settings["rollout_is_threshold"]))
         checks.update(is_weights_max_abs_diff=float((ours - weights).abs()[valid].max()),
                       is_weights_min=float(weights[valid].min()), is_weights_max=float(weights[valid].max()),
@@ -123,18 +129,42 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         int(sum(m.numel() for m in cols["response_mask"]))
     checks["rejected_tokens"] = denominator - int(mask.sum())
     cfg = actor_config(dp_size=1, batch_num_tokens=denominator)
-    loss, _ = get_policy_loss_fn("vanilla")(old_log_prob=old, log_prob=new, advantages=adv, response_mask=mask,
-                                            loss_agg_mode="token-mean", config=cfg, rollout_is_weights=weights)
-    if settings["use_kl_loss"]:  # verl's ppo_loss (verl/workers/utils/losses.py): + coef * token-mean KL to the ref
+    if settings["use_kl_loss"] and not cols[KL]:
+        raise ValueError(f"{folder.name}: the KL loss is on but the batch holds no {KL}")
+    ref_lp = _padded(cols[KL]) if settings["use_kl_loss"] else None
+
+    def token_mean_loss(rows: slice, log_prob: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # verl's policy loss over these rows with the whole batch's denominator (a token-mean is a sum over
+        # rows: the batch's loss is the sum of its rows' losses), + coef * token-mean KL to the ref as verl's
+        # ppo_loss (verl/workers/utils/losses.py) where the KL loss is on
         from verl.trainer.ppo.core_algos import agg_loss, kl_penalty
 
-        if not cols[KL]:
-            raise ValueError(f"{folder.name}: the KL loss is on but the batch holds no {KL}")
-        kld = kl_penalty(logprob=new, ref_logprob=_padded(cols[KL]), kl_penalty=settings["kl_loss_type"])
-        kl = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode="token-mean", dp_size=1,
+        w = None if weights is None else weights[rows]
+        policy, _ = get_policy_loss_fn("vanilla")(old_log_prob=old[rows], log_prob=log_prob, advantages=adv[rows],
+                                                  response_mask=mask[rows], loss_agg_mode="token-mean", config=cfg,
+                                                  rollout_is_weights=w)
+        if ref_lp is None:
+            return policy, None
+        kld = kl_penalty(logprob=log_prob, ref_logprob=ref_lp[rows], kl_penalty=settings["kl_loss_type"])
+        kl = agg_loss(loss_mat=kld, loss_mask=mask[rows], loss_agg_mode="token-mean", dp_size=1,
                       batch_num_tokens=denominator)
-        loss = loss + float(settings["kl_loss_coef"]) * kl
+        return policy + float(settings["kl_loss_coef"]) * kl, kl
+
+    loss, kl = token_mean_loss(slice(None), new)
+    if kl is not None:
         checks["reference_kl_loss"] = float(kl.detach())
+    # the sum over sequences of each sequence's gradient norm: the largest the batch's gradient norm can be, reached
+    # when no sequence's gradient cancels another's. Rounding that moves each sequence's gradient by a share of its
+    # norm moves the batch's gradient by at most that share of this sum, which can be far above the batch's norm
+    # where the sequences' gradients cancel (a group's answers alike, their advantages summing to 0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sequences_norm = 0.0
+    for i, piece in enumerate(pieces):
+        row = torch.cat([piece, piece.new_zeros(new.shape[1] - piece.shape[0])])[None]
+        share, _ = token_mean_loss(slice(i, i + 1), row)
+        g = torch.autograd.grad(share, params, retain_graph=True, allow_unused=True)
+        sequences_norm += float(torch.sqrt(sum((t.float() ** 2).sum() for t in g if t is not None)))
+    checks["reference_sequences_grad_norm_sum"] = sequences_norm
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
         grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
