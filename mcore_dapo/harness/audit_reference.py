@@ -163,7 +163,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         row = torch.cat([piece, piece.new_zeros(new.shape[1] - piece.shape[0])])[None]
         share, _ = token_mean_loss(slice(i, i + 1), row)
         g = torch.autograd.grad(share, params, retain_graph=True, allow_unused=True)
-        sequences_norm += float(torch.sqrt(sum((t.float() ** 2).sum() for t in g if t is not None)))
+        sequences_norm += math.sqrt(float(sum((t.float() ** 2).sum() for t in g if t is not None)))
     checks["reference_sequences_grad_norm_sum"] = sequences_norm
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
