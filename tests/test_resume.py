@@ -72,7 +72,7 @@ def test_the_resumed_run_starts_at_step_3(resumed):
 
 
 def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_trainer_run):
-    from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, grad_norm_bound
+    from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, LOSS_AGGREGATION_ABS, grad_norm_bound
 
     from mcore_dapo.harness.resume import KILL_STEP
 
@@ -90,6 +90,7 @@ def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_
     for step, a in enumerate(chained, start=1):
         lr_sum += a["lr"]
         updates += a["lr"] > 0
+        assert abs(a["engine_loss"] - a["loss_at_engine_log_probs"]) < LOSS_AGGREGATION_ABS, (step, a)
         assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), (step, a)
         assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= grad_norm_bound(a), (step, a)
         assert a["weights_beyond_one_step"] <= BEYOND_PER_UPDATE * updates, (step, a)

@@ -109,16 +109,24 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     valid = mask > 0
     # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
     # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
-    # the same tokens, with the routes the rollout returned forced on it, are within bf16 rounding of them
-    logprob_diff = float((new.detach() - old).abs()[valid].max())
+    # the same tokens, with the routes the rollout returned forced on it, are within bf16 rounding of them. That
+    # rounding is relative: a token of log-prob -11.5 (logits of size ~10, where bf16's spacing is 1/16) came out
+    # 0.040 off, near-certain tokens at most 0.028; the scaled difference |ref - engine| / (1 + |engine|) bounds both
+    gap = (new.detach() - old).abs()
+    checks = {"logprob_max_abs_diff": float(gap[valid].max()),
+              "logprob_max_scaled_diff": float((gap / (1 + old.abs()))[valid].max())}
     weights = _padded(cols["rollout_is_weights"]) if cols["rollout_is_weights"] else None
-    checks = {"logprob_max_abs_diff": logprob_diff}
     if weights is not None and cols["rollout_log_probs"]:
-        # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold), recomputed from the
-        # reference's pi_old and the rollout's own log-probs
+        # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold): recomputed from the engine's
+        # pi_old and the rollout's own log-probs, the inputs verl had (checked: the engine's pi_old against the
+        # reference's above), it is the weight verl applied up to float rounding; from the reference's pi_old, within
+        # bf16's rounding of it (reported)
         rollout_lp = _padded(cols["rollout_log_probs"]) + rollout_log_prob_shift
-        ours = torch.exp(new.detach() - rollout_lp).clamp(max=float(settings["rollout_is_threshold"]))
+        threshold = float(settings["rollout_is_threshold"])
+        ours = torch.exp(new.detach() - rollout_lp).clamp(max=threshold)
+        from_engine = torch.exp(old - rollout_lp).clamp(max=threshold)
         checks.update(is_weights_max_abs_diff=float((ours - weights).abs()[valid].max()),
+                      is_weights_vs_engine_max_abs_diff=float((from_engine - weights).abs()[valid].max()),
                       is_weights_min=float(weights[valid].min()), is_weights_max=float(weights[valid].max()),
                       is_weights_off_one=float(((weights - 1).abs() > 1e-3)[valid].float().mean()))
     # the token-mean's denominator as verl 0.9.1 counts it: the loss mask its agent loop stored at rollout time
@@ -153,6 +161,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     loss, kl = token_mean_loss(slice(None), new)
     if kl is not None:
         checks["reference_kl_loss"] = float(kl.detach())
+    # the same loss on the engine's own old log-probs (the ratio 1 wherever the update's forward repeats the old-log-prob
+    # pass): the aggregation (token-mean denominator, weights, advantages, KL) without the reference's rounding apart
+    checks["loss_at_engine_log_probs"] = float(token_mean_loss(slice(None), old)[0])
     # the sum over sequences of each sequence's gradient norm: the largest the batch's gradient norm can be, reached
     # when no sequence's gradient cancels another's. Rounding that moves each sequence's gradient by a share of its
     # norm moves the batch's gradient by at most that share of this sum, which can be far above the batch's norm
