@@ -114,19 +114,25 @@ def test_validation_and_checkpoints_run_at_the_scripts_frequencies_in_the_h100_l
 # keeps that bound; at a step that trains older samples the rollout's log-probs are an older policy's (measured
 # up to 6.2e-2 after one update at lr 1e-3), which the rollout correction's importance weights carry, and only the
 # correlation is held (> 0.99). That the rollout holds exactly the weights of the version it reports is the
-# transport's hashes (test_the_standalone_rollout_holds_the_weights_it_reports).
-PROBS_DIFF_MAX = 2e-2
+# transport's hashes (test_the_standalone_rollout_holds_the_weights_it_reports). Without router replay (megatron-core
+# before 0.16, the Ascend line) the actor routes by itself: a token whose router scores are within bf16's rounding
+# of a tie takes other experts than in the rollout and lands several bf16 steps away (measured 3.5e-2 at a fresh
+# step on that line, 2026-12-03; the vLLM run's bound below, 0.1, for the same reason).
+PROBS_DIFF_MAX, PROBS_DIFF_MAX_NATIVE_ROUTING = 2e-2, 0.1
 
 
 def test_rollout_holds_the_trained_weights_every_step(tiny_run):
+    from mcore_dapo import megatron_compat
+
     steps, *_ = tiny_run
     fresh = [m for m in steps if m.get("training/off_policy/trajectory_staleness_worst/max", 0) == 0]
     assert fresh, "no step trained on samples of its own weights only"
     for m in steps:
         assert m["training/rollout_probs_diff_valid"] == 1.0
         assert m["training/rollout_actor_probs_pearson_corr"] > (0.999 if m in fresh else 0.99), m
+    bound = PROBS_DIFF_MAX if megatron_compat.supports_routing_replay() else PROBS_DIFF_MAX_NATIVE_ROUTING
     for m in fresh:
-        assert m["training/rollout_probs_diff_max"] < PROBS_DIFF_MAX, m
+        assert m["training/rollout_probs_diff_max"] < bound, m
 
 
 def test_dapo_pieces_act(tiny_run):
