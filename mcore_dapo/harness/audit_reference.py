@@ -161,8 +161,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     loss, kl = token_mean_loss(slice(None), new)
     if kl is not None:
         checks["reference_kl_loss"] = float(kl.detach())
-    # the same loss on the engine's own old log-probs (the ratio 1 wherever the update's forward repeats the old-log-prob
-    # pass): the aggregation (token-mean denominator, weights, advantages, KL) without the reference's rounding apart
+    # the same loss on the engine's own old log-probs (the ratio 1 wherever the update's forward repeats the
+    # old-log-prob pass): the aggregation (token-mean denominator, weights, advantages, KL) apart from the reference's
+    # rounding
     checks["loss_at_engine_log_probs"] = float(token_mean_loss(slice(None), old)[0])
     # the sum over sequences of each sequence's gradient norm: the largest the batch's gradient norm can be, reached
     # when no sequence's gradient cancels another's. Rounding that moves each sequence's gradient by a share of its
