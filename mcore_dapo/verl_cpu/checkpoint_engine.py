@@ -126,13 +126,18 @@ def _register():
         def prepare(self):
             if not self.is_master:
                 return None
-            import ray
+            from datetime import timedelta
 
-            from verl.utils.net_utils import get_free_port
+            import ray
+            import torch.distributed as dist
 
             host = ray.util.get_node_ip_address().strip("[]") if ray.is_initialized() else "127.0.0.1"
-            port, _ = get_free_port(host)
-            return MasterMetadata(host=host, port=int(port))
+            # the store listens from here on, on a port the system gave it (port 0): a port found free, closed and
+            # bound again later can be taken in between (another process's listener or outgoing connection: seen
+            # once as EADDRINUSE at a run's first sync); the members connect to it in init_process_group
+            self.store = dist.TCPStore(host, 0, None, is_master=True, timeout=timedelta(seconds=self.timeout_s),
+                                       wait_for_workers=False)
+            return MasterMetadata(host=host, port=int(self.store.port))
 
         @classmethod
         def build_topology(cls, actor_wg_world_size: int, rollout_world_size: int, metadata: list):
@@ -152,9 +157,13 @@ def _register():
             if rank < 0:
                 return
             timeout = timedelta(seconds=self.timeout_s)
-            # a store and a group of their own: the trainer's processes already hold the default group (Megatron's)
-            self.store = dist.TCPStore(master_metadata.host, master_metadata.port, world_size, is_master=rank == 0,
-                                       timeout=timeout)
+            # a store and a group of their own: the trainer's processes already hold the default group (Megatron's);
+            # the sender's store is the one prepare() opened
+            if rank > 0:
+                self.store = dist.TCPStore(master_metadata.host, master_metadata.port, world_size, is_master=False,
+                                           timeout=timeout)
+            elif self.store is None:
+                raise RuntimeError("the gloo checkpoint engine's sender has no store: prepare() was not called on it")
             self.group = dist.ProcessGroupGloo(dist.PrefixStore("mcore_dapo_ckpt", self.store), rank, world_size,
                                                timeout)
             self._broadcast(torch.ones(1, dtype=torch.uint8))  # every member is in before the first bucket
