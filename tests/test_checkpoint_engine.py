@@ -62,3 +62,21 @@ def test_verl_finds_the_backend_through_custom_backend_module():
     actor, rollout = ce.GlooCheckpointEngine.build_topology(3, 2, ["m", None, None, None, None])
     assert actor["rank"] == [0, -1, -1] and rollout["rank"] == [1, 2]
     assert actor["world_size"] == [3] * 3 and rollout["world_size"] == [3] * 2
+
+
+def test_the_senders_store_listens_from_prepare():
+    # the port the sender announces is held from prepare() on (a port found free and bound only in
+    # init_process_group was taken in between once: EADDRINUSE at a run's first sync): a member can connect before
+    # the sender forms the group
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mcore_dapo.verl_cpu import checkpoint_engine as ce
+
+    engine = ce.GlooCheckpointEngine(bucket_size=4096, is_master=True)
+    meta = engine.prepare()
+    member = dist.TCPStore(meta.host, meta.port, 2, is_master=False, timeout=timedelta(seconds=10))
+    member.set("joined", "1")
+    assert engine.store.get("joined") == b"1"
+    engine.finalize()
