@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 # The Ascend stack's selection (`make test STACK=ascend`: torch 2.7.1, megatron-core 0.12.1), kept within
 # about 20 minutes on a 2-core CPU: Megatron vs HF in every layout class, the converters, resharding,
 # verl's engine and trainer, the patch registry and the bridge. A test id here is a prefix of pytest's
-# node id (a file, a test, or one parametrisation). Tests marked `ascend_stack` run in that stack only.
+# node id (a file, a test, or one parametrisation); a file may mark parameters `both_stacks` itself. Tests marked
+# `ascend_stack` run in that stack only.
 BOTH_STACKS = (
     "tests/test_bridge_config.py",
     "tests/test_mapping.py",
@@ -41,16 +42,7 @@ BOTH_STACKS = (
     # (round trips on this line: tests/test_stack_lines.py, PP2·EP2 across the lines and TP2·EP2 on an unseen shape)
     "tests/test_convert.py::test_checkpoint_keys_are_those_of_the_transformer_engine_spec",
     "tests/test_convert.py::test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing[layer-count]",
-    # resharding: the layout classes whose Megatron modules differ (TP with ETP1 under EP, PP); TP1·EP2 and the
-    # padded vocabulary take the same modules on this line (the exporter's own code is the same on both)
-    "tests/test_resharding.py::test_export_is_bit_exact_with_every_hf_name[tp2-etp1-ep2]",
-    "tests/test_resharding.py::test_export_is_bit_exact_with_every_hf_name[pp2-ep2]",
-    *(f"tests/test_resharding.py::{t}[{c}]" for c in ("tp2-etp1-ep2", "pp2-ep2") for t in (
-        "test_collectives_grow_with_buckets_not_tensors", "test_peak_memory_is_about_two_buckets",
-        "test_pp_stages_can_own_their_tensors_without_broadcast", "test_receiver_gets_the_checkpoint_logits",
-        "test_trained_weights_reach_the_receiver_on_a_second_sync", "test_wrong_receiver_is_refused_before_any_write",
-        "test_checksums_catch_a_corrupting_receiver")),
-    "tests/test_resharding.py::test_sync_bench_cli[pp2-ep2]",
+    # (resharding: its layout classes whose Megatron modules differ, marked `both_stacks` in tests/test_resharding.py)
     "tests/test_verl_engine.py",
     "tests/test_verl_trainer.py",
     "tests/test_mindspeed.py",  # the real MindSpeed 26.1.0_core_r0.12.1 needs the 0.12.1 line (skipped on main)
