@@ -98,20 +98,20 @@ def rollout(out: Path) -> None:
             broadcast = engine._broadcast
             count = {"n": 0}
 
-            def flip(t, broadcast=broadcast, count=count):  # the second bucket arrives with one byte changed
+            def flip(t):  # the second bucket arrives with one byte changed
                 broadcast(t)
                 if t.numel() == BUCKET:
                     count["n"] += 1
                     if count["n"] == 2:
                         t[17] ^= 0xFF
             engine._broadcast = flip
-        got, committed, error = [], [False], None
+        got, committed, error = [], False, None
 
-        async def consume(got=got, committed=committed, step=step, engine=engine):
-            # as the hf_cpu server: staged, committed after the stream's end
+        async def consume():  # as the hf_cpu server: staged, committed after the stream's end
+            nonlocal committed
             async for name, t in engine.receive_weights(global_steps=step):
                 got.append((name, t.clone()))
-            committed[0] = True
+            committed = True
 
         try:
             asyncio.run(consume())
@@ -119,7 +119,7 @@ def rollout(out: Path) -> None:
             error = _last_line(e)
         sent = dict(weights())
         results[step] = {
-            "names": [n for n, _ in got], "committed": committed[0], "error": error,
+            "names": [n for n, _ in got], "committed": committed, "error": error,
             "equal": all(t.dtype == sent[n].dtype and torch.equal(t.view(torch.uint8), sent[n].view(torch.uint8))
                          for n, t in got)}
         engine.finalize()
