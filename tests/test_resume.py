@@ -7,9 +7,10 @@
   kill), and what its engine held after loading against what the killed run's held when it saved. The two runs'
   4 steps are also the run ``tests/test_verl_trainer.py`` checks.
 * At engine level (:mod:`mcore_dapo.harness.reshard_resume`, verl's worker calls under torchrun): a checkpoint
-  saved under EP2 resumes under EP2, TP2·EP2 (ETP1) and PP2·EP2, optimizer state included; each launch ends
-  with a save of the next step killed at one point (after the optimizer's files, while the model's HF shards
-  are written, after the save but before the trainer's tracker), and what ``resume_mode=auto`` then takes is
+  saved under EP2 resumes under EP2 (the periodic save's format) and, saved as a run's last step, under TP2·EP2
+  (ETP1) and PP2·EP2, optimizer state included; each launch ends with a save of the next step killed at one
+  point (in the background once the save returned; synchronously after the optimizer's files; in the background
+  once the checkpoint is in place but before the tracker names it), and what ``resume_mode=auto`` then takes is
   checked.
 * Bad input: another model, a layout the optimizer state cannot take, a truncated file, a damaged tracker:
   one line each, naming what differs and the previous complete checkpoint.
@@ -165,7 +166,7 @@ def reshard(tiny_moe, tmp_path_factory):
 
     from mcore_dapo.bridge.layout import Layout
     from mcore_dapo.convert.api import hf2mcore
-    from mcore_dapo.harness.reshard_resume import launch
+    from mcore_dapo.harness.reshard_resume import ASYNC, LAST_STEP, launch
     from mcore_dapo.verl_plugin import checkpoint
 
     work = tmp_path_factory.mktemp("reshard")
@@ -186,12 +187,15 @@ def reshard(tiny_moe, tmp_path_factory):
 
     # hf2mcore's torch_dist checkpoint: the start of the save launch's engine with use_dist_checkpointing=True
     hf2mcore(tiny_moe, work / "dist-start", Layout(ep=2), progress=False)
-    out = {"save": launch("save", tiny_moe, work, ep=2, kill_in_save="optimizer", timeout=900,
-                          extra=("--dist-start", str(work / "dist-start")))}
+    # saved in the background as the launch scripts save (checkpoint.async_save=True), but in the TP2 launch
+    last = ("--checkpoint", str(work / "last" / f"global_step_{LAST_STEP}" / "actor"))
+    out = {"save": launch("save", tiny_moe, work, ep=2, kill_in_save="background", timeout=900,
+                          extra=("--dist-start", str(work / "dist-start"), "--set", ASYNC))}
+    state("background")
+    out["tp2"] = launch("resume", tiny_moe, work, tp=2, ep=2, kill_in_save="optimizer", timeout=900, extra=last)
     state("optimizer")
-    out["tp2"] = launch("resume", tiny_moe, work, tp=2, ep=2, kill_in_save="model", timeout=900)
-    state("model")
-    out["pp2"] = launch("resume", tiny_moe, work, pp=2, ep=2, nproc=4, kill_in_save="tracker", timeout=900)
+    out["pp2"] = launch("resume", tiny_moe, work, pp=2, ep=2, nproc=4, kill_in_save="tracker", timeout=900,
+                        extra=(*last, "--set", ASYNC))
     state("tracker")
     return out, after, work
 
@@ -231,7 +235,7 @@ def test_an_ep2_checkpoint_resumes_under_another_layout(reshard, layout):
     assert out["weights"]["moved_by_update"] > 0.5
 
 
-@pytest.mark.parametrize("point", ["optimizer", "model"])
+@pytest.mark.parametrize("point", ["background", "optimizer"])
 def test_a_save_killed_half_way_is_not_taken(reshard, point):
     from mcore_dapo.errors import UserError
 
@@ -378,9 +382,9 @@ def test_resuming_another_model_is_refused_before_ray(reshard, tmp_path):
     assert "\n" not in str(e.value) and "another model: hidden_size 64 there, 96 here" in str(e.value)
 
 
-def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
+def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard, tmp_path):
     from mcore_dapo.errors import UserError
-    from mcore_dapo.verl_plugin.checkpoint import check, optimizer_format
+    from mcore_dapo.verl_plugin.checkpoint import RESHARDABLE_KEY, check, optimizer_format
 
     work = reshard[2]
     here = here_record(work)
@@ -389,20 +393,26 @@ def test_a_layout_the_optimizer_state_cannot_take_is_one_line(reshard):
         check(work / "global_step_1" / "actor", here)
     assert "\n" not in str(e.value) and "EP = 1" in str(e.value) and "TP1 PP1 EP2 ETP1" in str(e.value)
     check(work / "global_step_1" / "actor", here, load_optimizer=False)  # the weights alone load anywhere
-    # a checkpoint in verl's dp_reshardable format under another layout
-    record_path = work / "global_step_1" / "actor" / "mcore_dapo_resume.json"
-    copy = work / "dp-format" / "global_step_1" / "actor"
-    shutil.copytree(work / "global_step_1" / "actor", copy)
-    rec = json.loads(record_path.read_text())
-    rec["optimizer"]["sharding_type"] = "dp_reshardable"
-    (copy / "mcore_dapo_resume.json").write_text(json.dumps(rec))
+    # the periodic save's format (dp_reshardable, megatron-core >= 0.14) under another model-parallel layout
+    fmt = json.loads((work / "global_step_1" / "actor" / "mcore_dapo_resume.json").read_text())["optimizer"]
+    if fmt["sharding_type"] == optimizer_format(True, reshardable=True):
+        return  # megatron-core 0.12.1: its format with no gather loads under another layout (the resumes above)
     here = {**here_record(work), "layout": {**here_record(work)["layout"], "tp": 2}}
     with pytest.raises(UserError) as e:
-        check(copy, here)
-    # the engine saves and loads its line's reshardable format only (checkpoint.readable_formats)
+        check(work / "global_step_1" / "actor", here)
     msg = str(e.value)
-    assert "\n" not in msg and "Megatron's dp_reshardable format" in msg
-    assert f"accepted here: {optimizer_format(True)}" in msg and "resume on that line" not in msg
+    assert "\n" not in msg and "Megatron's dp_reshardable format" in msg and "TP1 PP1 EP2 ETP1 on 2 ranks" in msg
+    assert "this run is TP2 PP1 EP2 ETP1" in msg and RESHARDABLE_KEY in msg
+    assert "no checkpoint beside it is in a format another layout loads" in msg
+    # beside a reshardable checkpoint (the run's last save, in place of a later periodic one), that one is offered
+    for step, src in ((6, work / "global_step_1"), (4, work / "last" / "global_step_4")):
+        shutil.copytree(src, tmp_path / f"global_step_{step}")
+    with pytest.raises(UserError) as e:
+        check(tmp_path / "global_step_6" / "actor", here)
+    assert f"resume from {tmp_path / 'global_step_4'}, whose optimizer state" in str(e.value)
+    check(tmp_path / "global_step_4" / "actor", here)  # which loads under TP2 (as test_an_ep2_checkpoint_... did)
+    check(work / "global_step_1" / "actor", {**here, "layout": {**here["layout"], "tp": 1, "world_size": 4}})
+    # (another data-parallel size: the same model-parallel layout takes it)
 
 
 def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_checkpoint(reshard, tmp_path):

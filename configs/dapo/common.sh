@@ -29,6 +29,10 @@ case "${ROUTER_REPLAY:-off}" in
     *) echo "error: ROUTER_REPLAY=${ROUTER_REPLAY} is not accepted: accepted are off, R2, R3" >&2; exit 2 ;;
 esac
 
+# Checkpoints (docs/VERL_PLUGIN.md, "Checkpoints"): saved in the background (checkpoint.async_save=True):
+#   training waits for the copy to host memory; each rank writes its own shards (optimizer state in
+#   megatron-core's format with no gather, the HF weights it holds); the run's last save is in the format
+#   another layout loads (megatron.dist_ckpt_optim_fully_reshardable=True: every save in it).
 # ASYNC=off|colocate|separate (common.sh's default off; each device script sets its own from the planner):
 # verl 0.9.1's v1 trainer modes (docs/VERL_PLUGIN.md, "Asynchronous modes").
 #   colocate: trainer_mode=colocate_async, one batch generated ahead; partial rollout hides the long tail.
@@ -153,6 +157,7 @@ DAPO_ARGS=(
     trainer.val_before_train=False
     trainer.test_freq=200
     trainer.save_freq=50
+    actor_rollout_ref.actor.checkpoint.async_save=True
     trainer.total_epochs=100
     trainer.default_local_dir="${CKPTS_DIR}"
     trainer.resume_mode=auto

@@ -1,13 +1,16 @@
 """A checkpoint of verl's engine resumed under another layout, optimizer state included.
 
 ``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume save --hf-path DIR --work W``
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume resume --hf-path DIR --work W --tp 2 --ep 2``
+``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume resume --hf-path DIR --work W --tp 2 --ep 2
+--checkpoint W/last/global_step_4/actor``
 
 Through verl's worker calls (``ActorRolloutRefWorker`` -> the plugin's ``McoreDapoEngine``, the distributed
 optimizer, verl's LR scheduler restored from the checkpoint as the launch scripts set it), as
 :mod:`mcore_dapo.harness.verl_engine` drives them. ``save`` (EP2): update 1 on batch A, ``save_checkpoint``
-(step 1), update 2 on batch B: the uninterrupted run, whose loss, grad norm and weights after update 2
-(the export, bf16) are written to ``W``. In the same processes two more workers load the checkpoint
+(step 1, in the format of a periodic save: no gather, the same layout resumes it; then the same state as the run's
+last step ``W/last/global_step_4``, in the format another layout loads), update 2 on batch B: the uninterrupted
+run, whose loss, grad norm and weights after update 2 (the export, bf16) are written to ``W``. ``--set`` passes
+verl overrides (the checkpoint manager's ``async_save``). In the same processes two more workers load the checkpoint
 under the same layout: one with everything (its update 2 must be the uninterrupted one exactly), one with
 the weights and RNG alone (``checkpoint.load_contents=[model, extra]``: a fresh Adam, the control that
 shows how far an update lands without the optimizer state). With ``--dist-start C``, a fourth worker starts
@@ -19,6 +22,7 @@ the uninterrupted run's.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 
 BATCH_A, BATCH_B = 7, 8
+LAST_STEP = 4  # verl_engine.overrides' optim.total_training_steps
 _ENGINE: list = []
 A = "actor_rollout_ref.actor"
 
@@ -42,7 +47,7 @@ def start(a, tp: int, pp: int, ep: int, extra: tuple[str, ...] = ()):
     args = overrides(a.hf_path, ep, tp, pp, world=dist_world(), device=a.device, dist_optimizer=True)
     # the launch scripts' setting: the LR scheduler's state comes from the checkpoint (verl's default: not)
     c = compose(rewrite([*args, f"{A}.optim.use_checkpoint_opt_param_scheduler=True",
-                         f"{A}.optim.lr_warmup_steps=0", *extra]))
+                         f"{A}.optim.lr_warmup_steps=0", *(a.set or ()), *extra]))
     worker = ActorRolloutRefWorker(c.actor_rollout_ref, role="actor")
     worker.init_model()
     if not _ENGINE:
@@ -101,12 +106,14 @@ def against(got: dict, want: dict, start: dict | None = None) -> dict:
     return out
 
 
-POINTS = ("optimizer", "model", "tracker")
+POINTS = ("background", "optimizer", "tracker")
+ASYNC = f"{A}.checkpoint.async_save=True"
 
 
 def write_tracker(root: Path, step: int) -> None:
     """What verl's trainer writes once a checkpoint's save returned (verl/trainer/ppo/v1/trainer_base.py
-    ``_save_checkpoint``: ``latest_checkpointed_iteration.txt`` beside the ``global_step_N`` folders)."""
+    ``_save_checkpoint``: ``latest_checkpointed_iteration.txt`` beside the ``global_step_N`` folders), unless the
+    save runs in the background (then the checkpoint manager writes it once the checkpoint is complete)."""
     import torch.distributed as dist
 
     if dist.get_rank() == 0:
@@ -123,10 +130,13 @@ def kill_all() -> None:
 
 
 def killed_save(engine, folder: Path, step: int, point: str) -> None:
-    """``save_checkpoint`` of ``step`` killed at ``point``: once the optimizer's dist checkpoint is written
-    (before the model's HF weights), while the model's HF shards are written (after the first, before the
-    folder holding them is complete), or after the save returned but before the trainer's tracker is written."""
+    """``save_checkpoint`` of ``step`` killed at ``point``: in the background, once the save returned (its writes
+    in flight or done, none finished: nothing moved into place); synchronously, once the optimizer's dist
+    checkpoint is written (before the model's HF weights); in the background, once the checkpoint is complete and
+    in place but before the tracker names it."""
     import torch.distributed as dist
+
+    from mcore_dapo.verl_plugin import checkpoint
 
     mgr = engine.checkpoint_mananager
     if point == "optimizer":
@@ -141,20 +151,21 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
             return out
 
         mgr._save_dist_checkpoint = save_then_die
-    elif point == "model":
-        from mcore_dapo.io import hf_shards
+    elif point == "tracker":
+        write = checkpoint._write_synced
 
-        writer = hf_shards.write_hf_shards
+        def die_before_the_tracker(path, text):
+            if path.name == checkpoint.TRACKER:
+                kill_all()
+            write(path, text)
 
-        def write_then_die(weights, out, shard_bytes):
-            writer(weights, out, shard_bytes)  # every shard and the index, in the .partial folder
-            kill_all()
-
-        hf_shards.write_hf_shards = write_then_die
+        checkpoint._write_synced = die_before_the_tracker
     engine.save_checkpoint(str(folder), global_step=step)
+    if point == "tracker":
+        checkpoint.poll(engine, blocking=True)
     dist.barrier()
     if dist.get_rank() == 0:
-        kill_all()  # "tracker": the save returned, the trainer's tracker still names the previous step
+        kill_all()  # "background": the save returned, its writes run or wait to be finished by the next step
 
 
 def restored_pieces(held: dict, loaded: dict) -> list[str]:
@@ -183,6 +194,8 @@ def _all_ranks(items: list[str]) -> list[str]:
 def save_run(a) -> dict:
     import torch.distributed as dist
 
+    from mcore_dapo.verl_plugin import checkpoint
+
     work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
     worker, engine, batches = start(a, a.tp, a.pp, a.ep)
     first = update(worker, engine, *batches[BATCH_A])
@@ -190,7 +203,12 @@ def save_run(a) -> dict:
     # trainer.default_hdfs_dir's copy (verl's hdfs_io copies local paths too)
     engine.save_checkpoint(str(folder), hdfs_path=str(work / "remote" / "global_step_1" / "actor"), global_step=1)
     save_s = time.perf_counter() - t
-    write_tracker(work, 1)
+    checkpoint.poll(engine, blocking=True)  # a background save: complete (and the tracker written) here
+    if not engine.checkpoint_mananager.checkpoint_config.async_save:
+        write_tracker(work, 1)
+    # the same state saved as the run's last step (the overrides' total_training_steps): in the format another
+    # layout loads, complete when the save returns
+    engine.save_checkpoint(str(work / "last" / f"global_step_{LAST_STEP}" / "actor"), global_step=LAST_STEP)
     at_save = export(engine)
     logp = engine_logp(worker, engine, *batches[BATCH_B])  # the engine's log-probs at the save
     from mcore_dapo.harness.audit import held_state
@@ -221,7 +239,8 @@ def save_run(a) -> dict:
 def resume_run(a) -> dict:
     import torch.distributed as dist
 
-    work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
+    work = Path(a.work)
+    folder = Path(a.checkpoint) if a.checkpoint else work / "global_step_1" / "actor"
     worker, engine, batches = start(a, a.tp, a.pp, a.ep)
     t = time.perf_counter()
     engine.load_checkpoint(str(folder), del_local_after_load=False)
@@ -237,46 +256,124 @@ def resume_run(a) -> dict:
             "load_seconds": round(load_s, 2)}
 
 
+class RssSampler:
+    """This process's resident memory sampled every few milliseconds while the block runs (its peak, in MiB)."""
+
+    def __init__(self, every: float = 0.005):
+        import threading
+
+        self.every, self.peak, self._stop = every, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def now_mb() -> float:
+        with open("/proc/self/statm") as f:
+            import os
+
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.now_mb())
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self.before = self.now_mb()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self.now_mb())
+
+
+def disk_bound(folder: Path, nbytes: int) -> float:
+    """Collective: every rank writes ``nbytes`` (its share of a checkpoint's bytes) into a file of its own in
+    ``folder`` at once, in 64 MiB writes, and syncs it; the seconds until the last rank is done."""
+    import os
+
+    import torch.distributed as dist
+
+    block = os.urandom(1 << 20) * 64
+    path = folder / f"disk-bound-{dist.get_rank()}.bin"
+    dist.barrier()
+    t = time.perf_counter()
+    with open(path, "wb") as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(block[:min(left, len(block))])
+        f.flush()
+        os.fsync(f.fileno())
+    mine = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    path.unlink()
+    return float(mine)
+
+
 def bench_run(a) -> dict:
-    """Seconds and bytes of one checkpoint save and load of a trained engine (``tools/bench_checkpoint.py``):
-    one update (the optimizer's state exists), ``save_checkpoint`` timed, its folder's bytes by part, then
-    ``load_checkpoint`` of it into the same engine timed; peak memory of each rank."""
+    """One checkpoint of a trained engine (one update: the optimizer's state exists), saved as the engine's
+    settings say (``--set actor_rollout_ref.actor.checkpoint.async_save=True``: in the background): the seconds
+    training is blocked (``save_checkpoint`` returning), the seconds until the checkpoint is complete (in place,
+    its record written), the seconds every rank takes to write its share of the same bytes with plain writes
+    (the disk bound, in the same run), then ``load_checkpoint`` of it into the same engine timed, with each
+    rank's resident memory sampled during the load against its own share of the checkpoint's bytes."""
     import shutil
 
     import torch.distributed as dist
 
-    from mcore_dapo.runtime.launch import peak_rss_mb
+    from mcore_dapo.verl_plugin import checkpoint
 
     work = Path(a.work)
     worker, engine, batches = start(a, a.tp, a.pp, a.ep)
     update(worker, engine, *batches[BATCH_A])
     params = sum(p.numel() for c in engine.module for p in c.parameters())
     folder = work / "global_step_1" / "actor"
+    mgr = engine.checkpoint_mananager
     dist.barrier()
     t = time.perf_counter()
     engine.save_checkpoint(str(folder), global_step=1)
+    blocked = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
+    dist.all_reduce(blocked, op=dist.ReduceOp.MAX)
+    while mgr._mcore_writer is not None and not mgr._mcore_writer.poll(blocking=False):
+        time.sleep(0.02)  # training would go on here; the poll is what each training step runs
+    persisted = time.perf_counter() - t
+    record = json.loads((folder / checkpoint.RESUME_FILE).read_text())
+    total = sum(record["files"].values())
+    # this rank's share: the files it wrote (dist-checkpoint files carry the writing rank's global rank in their
+    # name, __<rank>_<n>.distcp; HF part files were numbered apart) are not told apart here, so the even share
+    disk_s = disk_bound(work, total // dist.get_world_size())
+    own = {"optimizer": 0, "model": 0}
+    for name, size in record["files"].items():
+        part = name.split("/")[0]
+        if part in own:
+            own[part] += size
     dist.barrier()
-    save_s = time.perf_counter() - t
-    parts = {}
-    if dist.get_rank() == 0:
-        for f in folder.rglob("*"):
-            if f.is_file():
-                part = f.relative_to(folder).parts[0]
-                parts[part] = parts.get(part, 0) + f.stat().st_size
-    t = time.perf_counter()
-    engine.load_checkpoint(str(folder), del_local_after_load=False)
-    dist.barrier()
-    load_s = time.perf_counter() - t
-    rss = [None] * dist.get_world_size()
-    dist.all_gather_object(rss, peak_rss_mb())
-    counts = [None] * dist.get_world_size()
-    dist.all_gather_object(counts, params)
-    if dist.get_rank() == 0:
-        shutil.rmtree(work / "global_step_1", ignore_errors=True)
-        return {"layout": engine.mapping.layout.describe(), "save_seconds": round(save_s, 2),
-                "load_seconds": round(load_s, 2), "bytes": parts, "total_bytes": sum(parts.values()),
-                "rank_params": counts, "peak_rss_mb": [round(r) for r in rss]}
-    return None
+    with RssSampler() as rss:
+        t = time.perf_counter()
+        engine.load_checkpoint(str(folder), del_local_after_load=False)
+        dist.barrier()
+        load_s = time.perf_counter() - t
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"params": params, "load_rss_before_mb": round(rss.before),
+                                   "load_rss_peak_mb": round(rss.peak)})
+    if dist.get_rank() != 0:
+        return None
+    parts: dict[str, int] = {}
+    for name, size in record["files"].items():
+        parts[name.split("/")[0]] = parts.get(name.split("/")[0], 0) + size
+    shutil.rmtree(work / "global_step_1", ignore_errors=True)
+    world = len(every)
+    return {"layout": engine.mapping.layout.describe(), "world_size": world,
+            "async_save": bool(mgr.checkpoint_config.async_save),
+            "optimizer_format": record["optimizer"]["sharding_type"],
+            "blocked_s": round(float(blocked), 3), "persisted_s": round(persisted, 3), "disk_bound_s": round(disk_s, 3),
+            "load_s": round(load_s, 3), "bytes": parts, "total_bytes": total,
+            "hf_writer_ranks": engine.bridge.last_save.get("writer_ranks"),
+            "rank_params": [e["params"] for e in every],
+            "optimizer_and_model_bytes_per_rank": round((own["optimizer"] + own["model"]) / world),
+            "load_rss_before_mb": [e["load_rss_before_mb"] for e in every],
+            "load_rss_peak_mb": [e["load_rss_peak_mb"] for e in every]}
 
 
 def dist_model_save(a) -> dict:
@@ -287,6 +384,8 @@ def dist_model_save(a) -> dict:
     at the save are written there too."""
     import torch.distributed as dist
 
+    from mcore_dapo.verl_plugin import checkpoint
+
     work = Path(a.work) / "dist-model"
     folder = work / "global_step_1" / "actor"
     worker, engine, batches = start(a, a.tp, a.pp, a.ep, (
@@ -295,6 +394,7 @@ def dist_model_save(a) -> dict:
     loaded = export(engine)
     update(worker, engine, *batches[BATCH_A])
     engine.save_checkpoint(str(folder), global_step=1)
+    checkpoint.poll(engine, blocking=True)
     at_save = export(engine)
     if dist.get_rank() == 0:
         torch.save({"loaded": loaded, "at_save": at_save}, work / "weights.pt")
@@ -348,17 +448,18 @@ def main(argv=None) -> int:
     ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
-    ap.add_argument("--checkpoint", default=None, help="bad: the checkpoint to try")
+    ap.add_argument("--checkpoint", default=None, help="resume, bad: the checkpoint to load (resume: default "
+                    "W/global_step_1/actor)")
     ap.add_argument("--dist-start", default=None,
                     help="save: also run an engine with use_dist_checkpointing=True from this torch_dist checkpoint")
     Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--kill-in-save", choices=POINTS, default=None,
                     help="after the result is written: save step 2 and SIGKILL every process at that point")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a verl override for every engine of the launch")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    import json
-
     import torch.distributed as dist
 
     from mcore_dapo.runtime.launch import finish_worker

@@ -48,10 +48,12 @@ def trainer_run() -> dict:
     return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT, "trainer_mode": TRAINER_MODE}
 
 
-def started(audit_dir: Path, step: int):
-    """True once the audit began step ``step``'s update (it writes the weights before the update first)."""
+def started(audit_dir: Path, step: int, tracker: Path | None = None):
+    """True once the audit began step ``step``'s update (it writes the weights before the update first) and,
+    with ``tracker``, that names step ``step - 1`` (a checkpoint saved in the background is complete only when the
+    writes of every rank are, which may be later)."""
     folder = audit_dir / f"step-{step - 1:04d}"
-    return lambda: folder.is_dir()
+    return lambda: folder.is_dir() and (tracker is None or _read(tracker) == str(step - 1))
 
 
 def kill_and_resume(work: Path, timeout: float = 1200) -> dict:
@@ -59,7 +61,10 @@ def kill_and_resume(work: Path, timeout: float = 1200) -> dict:
     from mcore_dapo.harness.tiny_dapo import read_metrics, run
 
     work = Path(work).absolute()
-    killed = run(work, timeout=timeout, kill_when=started(work / "audit", KILL_STEP), **trainer_run())
+    # the launch scripts save in the background: killed once checkpoint 2 is complete, during step 3
+    killed = run(work, timeout=timeout, kill_when=started(work / "audit", KILL_STEP,
+                                                          work / "checkpoints" / "latest_checkpointed_iteration.txt"),
+                 **trainer_run())
     kept = {}
     for name in ("audit", "train.log", "metrics.jsonl"):
         src = work / name

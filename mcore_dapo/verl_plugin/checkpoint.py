@@ -36,14 +36,21 @@ from mcore_dapo.errors import UserError
 RESUME_FILE = "mcore_dapo_resume.json"
 RNG_KEY = "rng_state_per_rank"
 FORMAT = "mcore-dapo/verl-checkpoint/1"
-# megatron-core's DistributedOptimizer.sharded_state_dict (megatron/core/optimizer/distrib_optimizer.py): in
-# 0.16.1 'dp_reshardable' (verl's choice on megatron-core >= 0.14) reshards "only in DP dimension";
-# checkpoint_fully_reshardable_formats lists 'fully_reshardable', 'fully_sharded_model_space' and
-# 'fsdp_dtensor', but 'fully_sharded_model_space' no longer saves there (its ShardedTensors carry a
-# flattened_range, which megatron/core/dist_checkpointing/mapping.py refuses: "ShardedTensor.flattened_range
-# is not supported."), and 'fsdp_dtensor' is Megatron-FSDP's. 0.12.1 has 'dp_zero_gather_scatter',
-# 'fully_sharded_bucket_space' and 'fully_sharded_model_space' (reshardable, and verl's choice below 0.14).
-NEW_LINE_FORMAT, OLD_LINE_FORMAT = "fully_reshardable", "fully_sharded_model_space"
+# megatron-core's DistributedOptimizer.sharded_state_dict (megatron/core/optimizer/distrib_optimizer.py). 0.16.1:
+# 'dp_reshardable' (its default, and verl's on megatron-core >= 0.14) writes each rank's own bucket shards with no
+# communication, and loads under another data-parallel size only; 'fully_reshardable' loads under another
+# TP/PP/EP/DP layout, and gathers each data-parallel group's state on one rank (over gloo into host memory with
+# distrib_optim_fully_reshardable_mem_efficient, the variant taken here; the other gathers it on every rank's
+# device); 'fully_sharded_model_space' no longer saves there (its ShardedTensors carry a flattened_range, which
+# megatron/core/dist_checkpointing/mapping.py refuses: "ShardedTensor.flattened_range is not supported."), and
+# 'fsdp_dtensor' is Megatron-FSDP's. 0.12.1: 'fully_sharded_model_space' (verl's choice below 0.14) writes each
+# rank's own flattened ranges with no gather, and loads under another TP/PP/EP/DP layout.
+DP_FORMAT, FULL_FORMAT, OLD_LINE_FORMAT = "dp_reshardable", "fully_reshardable", "fully_sharded_model_space"
+NEW_LINE_FORMAT = DP_FORMAT  # what a periodic save writes on megatron-core >= 0.14
+RESHARDABLE = frozenset({FULL_FORMAT, OLD_LINE_FORMAT})  # the formats another model-parallel layout loads
+# verl's switch (verl/trainer/config/engine/megatron.yaml): every save in the format another layout loads
+RESHARDABLE_KEY = "actor_rollout_ref.actor.megatron.dist_ckpt_optim_fully_reshardable"
+TRACKER = "latest_checkpointed_iteration.txt"
 # the model fields a checkpoint must share with the model it is loaded into
 MODEL_FIELDS = ("model_type", "vocab_size", "padded_vocab_size", "hidden_size", "num_layers", "num_attention_heads",
                 "num_key_value_heads", "head_dim", "intermediate_size", "num_experts", "num_experts_per_tok",
@@ -62,37 +69,48 @@ def describe_model(cfg, layout) -> dict:
     return {k: d[k] for k in MODEL_FIELDS}
 
 
-def optimizer_format(use_distributed_optimizer: bool, megatron_version: str | None = None) -> str | None:
-    """The format the distributed optimizer is saved in: the reshardable one this megatron-core writes."""
+def optimizer_format(use_distributed_optimizer: bool, megatron_version: str | None = None,
+                     reshardable: bool = False) -> str | None:
+    """The format the distributed optimizer is saved in: with no gather (``dp_reshardable`` from megatron-core
+    0.14, ``fully_sharded_model_space`` before), or, where ``reshardable`` on megatron-core >= 0.14,
+    ``fully_reshardable`` (another TP/PP/EP layout loads it; gathered per data-parallel group)."""
     if not use_distributed_optimizer:
         return None
+    if not _new_line(megatron_version):
+        return OLD_LINE_FORMAT
+    return FULL_FORMAT if reshardable else DP_FORMAT
+
+
+def _new_line(megatron_version: str | None = None) -> bool:
     from packaging.version import Version
 
     from mcore_dapo import versions
 
-    v = Version(megatron_version or versions.installed("megatron-core"))
-    return NEW_LINE_FORMAT if v >= Version("0.14") else OLD_LINE_FORMAT
+    return Version(megatron_version or versions.installed("megatron-core")) >= Version("0.14")
 
 
 def readable_formats(megatron_version: str | None = None) -> set[str]:
-    """The distributed optimizer's formats a load of this manager reads: the one it saves. Its load builds the
-    optimizer's sharded state dict with the same metadata as its save (``_build_sharded_state_dict_metadata``),
-    and across the lines the other's format does not load at all: megatron-core 0.12.1 has no
-    ``fully_reshardable``; 0.16.1's ``fully_sharded_model_space`` builds ShardedTensors with a ``flattened_range``,
-    which its ``ShardedTensor.validate_metadata_integrity`` refuses (megatron/core/dist_checkpointing/mapping.py),
-    on a load as on a save."""
-    return {optimizer_format(True, megatron_version)}
+    """The distributed optimizer's formats a load of this manager reads: those this megatron-core writes. Its load
+    builds the optimizer's sharded state dict with the checkpoint's format (its record says which), and across
+    the lines the other's format does not load at all: megatron-core 0.12.1 has neither ``dp_reshardable`` nor
+    ``fully_reshardable``; 0.16.1's ``fully_sharded_model_space`` builds ShardedTensors with a
+    ``flattened_range``, which its ``ShardedTensor.validate_metadata_integrity`` refuses
+    (megatron/core/dist_checkpointing/mapping.py), on a load as on a save."""
+    return {DP_FORMAT, FULL_FORMAT} if _new_line(megatron_version) else {OLD_LINE_FORMAT}
 
 
-def engine_record(engine) -> dict:
-    """What a checkpoint of this engine records of it (and a load compares)."""
+def engine_record(engine, sharding_type: str | None = None) -> dict:
+    """What a checkpoint of this engine records of it (and a load compares); ``sharding_type``: the format its
+    distributed optimizer is saved in (default: a periodic save's)."""
     import torch.distributed as dist
 
     layout = engine.mapping.layout
+    distributed = bool(engine.engine_config.use_distributed_optimizer)
     return {"model": describe_model(engine.mapping.cfg, layout),
             "layout": {**layout.as_dict(), "world_size": dist.get_world_size()},
-            "optimizer": {"distributed": bool(engine.engine_config.use_distributed_optimizer),
-                          "sharding_type": optimizer_format(engine.engine_config.use_distributed_optimizer)},
+            "optimizer": {"distributed": distributed,
+                          "sharding_type": sharding_type if distributed and sharding_type else
+                          optimizer_format(distributed)},
             "dtype": str(engine.param_dtype).replace("torch.", "")}
 
 
@@ -145,7 +163,10 @@ def previous_complete(folder: Path) -> Path | None:
     return newest_complete(folder.parent.parent, folder.name, below=step_of(folder))
 
 
-def newest_complete(root: Path, role: str = "actor", below: int | None = None) -> Path | None:
+def newest_complete(root: Path, role: str = "actor", below: int | None = None,
+                    reshardable: bool = False) -> Path | None:
+    """The newest complete checkpoint under ``root`` (below step ``below``; ``reshardable``: whose optimizer
+    state another layout loads, by its record)."""
     found = []
     for d in Path(root).glob("global_step_*"):
         m = d.name[len("global_step_"):]
@@ -153,8 +174,12 @@ def newest_complete(root: Path, role: str = "actor", below: int | None = None) -
             found.append((int(m), d / role))
     for _, cand in sorted(found, reverse=True):
         try:
-            if problem(cand) is None:
-                return cand
+            if problem(cand) is not None:
+                continue
+            if reshardable and ((read_record(cand) or {}).get("optimizer") or {}).get("sharding_type") \
+                    not in RESHARDABLE:
+                continue
+            return cand
         except UserError:
             continue
     return None
@@ -203,7 +228,17 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
             "keeps the experts' optimizer apart from the others, with EP = 1 not, and the optimizer state of one does "
             f"not load into the other; accepted here: EP {'> 1' if there.get('ep', 1) > 1 else '= 1'}, or the weights "
             "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
-    # the format read (above) is this line's reshardable one: another TP/PP/EP/ETP/DP layout takes it
+    if load_optimizer and fmt and fmt not in RESHARDABLE and _model_parallel(there) != _model_parallel(now):
+        # megatron-core's load_parameter_state_from_dp_reshardable asserts the same buckets as at the save
+        other = newest_complete(folder.parent.parent, folder.name, reshardable=True)
+        offer = (f"resume from {other.parent}, whose optimizer state is in a format another layout loads"
+                 if other is not None else "no checkpoint beside it is in a format another layout loads")
+        raise UserError(
+            f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which loads under "
+            f"the layout it was written under only (another data-parallel size aside): {_layout(there)}, this run "
+            f"is {_layout(now)}; {offer}; accepted: that layout, a checkpoint saved at a run's last step or with "
+            f"{RESHARDABLE_KEY}=True, or the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
+    # the format read (above) is reshardable, or the layout is the same but for the data-parallel size
     if load_optimizer and bool((record.get("optimizer") or {}).get("distributed")) != bool(here["optimizer"]["distributed"]):
         # under the same layout too: the two optimizers' states are laid out differently
         raise UserError(f"checkpoint {folder} was written with use_distributed_optimizer="
@@ -211,6 +246,10 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
                         f"{here['optimizer']['distributed']}: accepted is the checkpoint's setting, or the weights "
                         "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
     return record
+
+
+def _model_parallel(d: dict) -> tuple:
+    return tuple(d.get(k) or (None if k == "vpp" else 1) for k in ("tp", "pp", "ep", "etp", "cp", "vpp"))
 
 
 def rng_layout(d: dict) -> tuple:
@@ -234,14 +273,40 @@ def install(engine) -> None:
         return
     mgr.__class__ = manager_class(type(mgr))
     mgr._mcore_engine = engine
+    mgr._mcore_format = None
+    mgr._mcore_writer = background_writer() if mgr.checkpoint_config.async_save else None
+
+
+_WRITER: list = []
+
+
+def background_writer():
+    """The process's one background writer (its persistent worker started now), shared by its engines."""
+    if not _WRITER:
+        from mcore_dapo.devices import get_adapter
+        from mcore_dapo.io.async_save import BackgroundWriter
+
+        _WRITER.append(BackgroundWriter(get_adapter().name))
+        _WRITER[0].start()
+    return _WRITER[0]
+
+
+def poll(engine, blocking: bool = False) -> None:
+    """Collective: finish the engine's checkpoint whose writes ran in the background once every rank's are done
+    (``blocking``: wait for them). The engine calls it at every training step."""
+    mgr = getattr(engine, "checkpoint_mananager", None)
+    writer = getattr(mgr, "_mcore_writer", None)
+    if writer is not None:
+        writer.poll(blocking)
 
 
 _classes: dict = {}
 
 
 def manager_class(base):
-    """verl's ``MegatronCheckpointManager`` with an atomic save, the reshardable optimizer format and the
-    checks before a load (a subclass: verl's own code runs, nothing of verl is patched)."""
+    """verl's ``MegatronCheckpointManager`` with an atomic save (in the background with ``checkpoint.async_save``),
+    the optimizer in a format with no gather, and the checks before a load (a subclass: verl's own code runs,
+    nothing of verl is patched)."""
     if base in _classes or getattr(base, "_mcore_dapo", False):
         return _classes.get(base, base)
 
@@ -264,28 +329,61 @@ def manager_class(base):
         def _build_sharded_state_dict_metadata(self):
             metadata = super()._build_sharded_state_dict_metadata()
             if self.use_distributed_optimizer and not self.use_megatron_fsdp:
-                # verl picks dp_reshardable on megatron-core >= 0.14 unless megatron.dist_ckpt_optim_fully_reshardable
-                metadata["distrib_optim_sharding_type"] = optimizer_format(True)
-                if metadata["distrib_optim_sharding_type"] == "fully_reshardable":
+                # the format of this save (save_checkpoint), of the checkpoint loaded (its record), else verl's
+                fmt = self._mcore_format or optimizer_format(True, reshardable=self._mcore_reshardable_setting())
+                metadata["distrib_optim_sharding_type"] = fmt
+                if fmt == FULL_FORMAT:
                     # gathered over gloo on data-parallel rank 0 in host memory (Megatron's memory-efficient
                     # variant); the other gathers every data-parallel rank's state on each rank's device
                     # (get_parameter_state_dp_zero), for Qwen3-30B-A3B's experts under EP8 about 44 GB a GPU
                     metadata["distrib_optim_fully_reshardable_mem_efficient"] = True
             return metadata
 
+        def _mcore_reshardable_setting(self) -> bool:
+            megatron = getattr(getattr(self.config, self.role, self.config), "megatron", None)
+            return bool(getattr(megatron, "dist_ckpt_optim_fully_reshardable", False))
+
+        def _mcore_reshardable_at(self, global_step: int) -> bool:
+            """Whether this save is in the format another layout loads: verl's switch, or the run's last step."""
+            total = getattr(self._mcore_engine.optimizer_config, "total_training_steps", -1) or -1
+            return self._mcore_reshardable_setting() or (total > 0 and int(global_step) >= total)
+
+        def _finalize_save(self, *, local_path, hdfs_path, global_step, max_ckpt_to_keep, saved_any_dist_ckpt):
+            # verl's writes its manifest, uploads, writes the tracker (async) and removes old checkpoints; here
+            # the manifest only: the rest once the checkpoint is complete and in place (save_atomically)
+            self._write_checkpoint_manifest(local_path, global_step, saved_any_dist_ckpt)
+
+        def _dispatch_finalize(self, async_requests, finalize_save_fn):
+            writer = self._mcore_writer
+            if writer is None or writer.pending is None:  # a save that is not in the background
+                return super()._dispatch_finalize(async_requests, finalize_save_fn)
+            for request in async_requests:  # megatron-core's persistent worker, not its module-level queue
+                writer.schedule(request)
+            writer.pending.steps.append(finalize_save_fn)
+
         def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-            if self.checkpoint_config.async_save:  # verl writes the tracker itself once its writes are done
-                return super().save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep)
-            save_atomically(self, super().save_checkpoint, Path(local_path).absolute(), hdfs_path, global_step,
-                            max_ckpt_to_keep)
+            engine = self._mcore_engine
+            if self._mcore_writer is not None:
+                self._mcore_writer.poll(blocking=True)  # the previous save is complete before this one starts
+            self._mcore_format = optimizer_format(self.use_distributed_optimizer,
+                                                  reshardable=self._mcore_reshardable_at(global_step))
+            try:
+                save_atomically(self, super().save_checkpoint, Path(local_path).absolute(), hdfs_path, global_step,
+                                max_ckpt_to_keep, background=bool(self.checkpoint_config.async_save))
+            finally:
+                self._mcore_format = None
+                engine.bridge.background = None
 
         def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
             engine = self._mcore_engine
+            if self._mcore_writer is not None:
+                self._mcore_writer.poll(blocking=True)
             here = engine_record(engine)
             record = check(local_path, here, load_optimizer=self.should_load_optimizer)
             contents = list(self.checkpoint_load_contents)
             # RNG states as written: per rank by this manager (its record says so), per (PP, TP) rank by verl's
             self._mcore_rng_per_rank = bool(record and record.get("rng") == "per_rank")
+            self._mcore_format = ((record or {}).get("optimizer") or {}).get("sharding_type")
             if record is not None and "extra" in contents and (
                     rng_layout(record["layout"]) != rng_layout(here["layout"])):
                 # RNG states per rank (verl's: per (PP, TP) rank) are another layout's: the new layout keeps its own
@@ -301,6 +399,7 @@ def manager_class(base):
             finally:
                 self.checkpoint_load_contents = contents
                 self._mcore_rng_per_rank = True
+                self._mcore_format = None
             engine.on_checkpoint("load", step_of(Path(local_path).absolute()))
             return out
 
@@ -308,45 +407,77 @@ def manager_class(base):
     return CheckpointManager
 
 
-def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_keep) -> None:
+def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_keep, background: bool = False) -> None:
+    """verl's save into ``.<actor>.partial``, then :func:`complete`: at once, or (``background``) as the last step of
+    the background writes, which the run's last save waits for."""
+    import functools
+
+    import torch.distributed as dist
+
+    engine = mgr._mcore_engine
+    partial = partial_path(final)
+    if dist.get_rank() == 0:
+        shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save of this step left
+        partial.parent.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    writer = mgr._mcore_writer if background else None
+    if writer is not None:
+        writer.begin(str(final))
+        engine.bridge.background = writer  # the HF shards: staged in host memory here, written by its thread
+    # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save; here only once
+    # the new one is complete (complete). verl uploads to hdfs_path as its save ends (_finalize_save), before the
+    # record exists: here the complete checkpoint is uploaded, record included (complete)
+    save(str(partial), None, global_step, None)
+    engine.bridge.background = None
+    engine.on_checkpoint("save", global_step)
+    done = functools.partial(complete, mgr, partial, final, hdfs_path, global_step, max_ckpt_to_keep,
+                             mgr._mcore_format, tracker=writer is not None)
+    if writer is None:
+        done()
+        return
+    writer.pending.steps.append(done)
+    if mgr._mcore_reshardable_at(global_step):  # the run's last save: nothing polls after it
+        writer.poll(blocking=True)
+
+
+def complete(mgr, partial: Path, final: Path, hdfs_path, global_step, max_ckpt_to_keep, sharding_type,
+             tracker: bool) -> None:
+    """Collective, once every rank's writes are done: rank 0 writes the record (every file with its size), moves
+    the folder into place, uploads it, and (a save in the background, for which verl's trainer does not) writes
+    the tracker ``resume_mode=auto`` follows; then older checkpoints are removed."""
     import torch.distributed as dist
 
     from mcore_dapo import versions
     from mcore_dapo.io import output
 
     engine = mgr._mcore_engine
-    partial = partial_path(final)
-    rank = dist.get_rank()
-    if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save of this step left
-        partial.parent.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save; here only once
-    # the new one is complete (below). verl uploads to hdfs_path as its save ends (_finalize_save), before the
-    # record exists: here the complete checkpoint is uploaded, record included (below)
-    save(str(partial), None, global_step, None)
-    if mgr.previous_saved_paths and mgr.previous_saved_paths[-1] == str(partial):
-        mgr.previous_saved_paths.pop()
-    engine.on_checkpoint("save", global_step)
-    dist.barrier()
-    if rank == 0:
-        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine), "rng": "per_rank",
-                  "written_by": {"mcore_dapo": _version(), **{k: versions.installed(k) for k in versions.SUPPORTED}},
+    if dist.get_rank() == 0:
+        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine, sharding_type),
+                  "rng": "per_rank", "written_by": {"mcore_dapo": _version(),
+                                                    **{k: versions.installed(k) for k in versions.SUPPORTED}},
                   "files": file_sizes(partial)}
-        tmp = partial / (RESUME_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.rename(partial / RESUME_FILE)
+        _write_synced(partial / RESUME_FILE, json.dumps(record, indent=1, sort_keys=True))
         output.finish(partial, final, overwrite=True)  # a complete checkpoint of the same step is replaced
         if hdfs_path is not None:  # as verl's _finalize_save: one recursive copy on rank 0
             from verl.utils import hdfs_io
 
             hdfs_io.makedirs(hdfs_path, exist_ok=True)
             hdfs_io.copy(src=str(final), dst=hdfs_path, dirs_exist_ok=True)
+        if tracker:
+            _write_synced(final.parent.parent / TRACKER, str(int(global_step)))
     dist.barrier()
     mgr.register_checkpoint(str(final), max_ckpt_to_keep)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed over it: the old content or the new, never half."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.rename(path)
 
 
 def _version() -> str:

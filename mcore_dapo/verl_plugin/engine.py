@@ -16,7 +16,9 @@ checkpoint manager, is verl's):
   offloaded model loaded first as verl's own does;
 * ``initialize``: verl's, then its checkpoint manager made :mod:`mcore_dapo.verl_plugin.checkpoint`'s (atomic
   saves, the distributed optimizer in a format another layout loads, one-line checks before a load);
-* ``train_batch``: verl's, plus the routing agreement of the last passes in its metrics (MoE).
+* ``train_batch``: verl's, plus the routing agreement of the last passes in its metrics (MoE);
+* ``forward_backward_batch``: first, a checkpoint written in the background is finished if every rank's writes
+  are done (:func:`checkpoint.poll`, at every log-prob computation and update), then verl's (router replay).
 
 Everything here is what every device shares. Registration: ``language_model``/``megatron`` under the vendor
 keys (cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own device-only entries,
@@ -117,7 +119,9 @@ def engine_class():
             return out
 
         def forward_backward_batch(self, data, loss_function, forward_only=False):
-            from mcore_dapo.verl_plugin import router_replay
+            from mcore_dapo.verl_plugin import checkpoint, router_replay
+
+            checkpoint.poll(self)  # a checkpoint written in the background is finished once every rank's is
 
             return router_replay.forward_backward_batch(self, super().forward_backward_batch, data, loss_function,
                                                         forward_only)

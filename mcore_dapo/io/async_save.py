@@ -1,0 +1,215 @@
+"""Checkpoint writes in the background: training waits for the copy to host memory, not for the disk.
+
+One :class:`BackgroundWriter` per trainer process holds
+
+* megatron-core's ``AsyncCallsQueue`` with a persistent checkpoint worker (one process spawned at the first
+  save and reused: ``PersistentAsyncCaller`` in megatron/core/dist_checkpointing/strategies/async_utils.py,
+  megatron-core 0.12.1 and 0.16.1), for what Megatron's ``dist_checkpointing.save(..., async_sharded_save=True)``
+  returns (the optimizer's and the RNG states' shards);
+* one thread for the other files of a save (the HF shards this rank owns, already staged in host memory).
+
+A save ends in :meth:`BackgroundWriter.poll`, which every rank calls at the same points (collective): once
+every rank's dist-checkpoint requests and threads are done, the save's last steps run on every rank (the
+index, the record, the rename, the tracker: :mod:`mcore_dapo.verl_plugin.checkpoint`). A rank whose background
+write raised makes every rank raise, naming it; the checkpoint stays in its ``.partial`` folder.
+
+The worker process is spawned (not forked: the trainer may hold CUDA or Ray state) and prepares itself as a
+trainer process does for the device (:func:`writer_main`): MindSpeed before Megatron on Ascend, the CPU patches
+of Megatron on the CPU, where megatron-core's worker would otherwise ask CUDA for a device. A host tensor is
+handed to the worker as the live tensor (moved to shared memory); the worker copies it while the trainer waits
+(:func:`snapshot`), as the device-to-host copy does on an accelerator, so that training cannot change what the
+checkpoint holds. The worker exits when its trainer process is gone.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+RUNNING, DONE, FAILED = 0, 1, 2
+
+
+def snapshot(preload_fn):
+    """The worker's preload (megatron-core's ``FileSystemWriterAsync.preload_tensors``: ``tensor.to("cpu")``),
+    then a copy of every tensor that still shares the trainer's memory (a host tensor: ``to("cpu")`` returned
+    it as it is)."""
+    buckets = preload_fn()
+    out = []
+    for file_name, storage_key, (bytes_data, tensor_data) in buckets:
+        tensor_data = [(item, t.clone() if t.is_shared() else t) for item, t in tensor_data]
+        out.append((file_name, storage_key, (bytes_data, tensor_data)))
+    return out
+
+
+def _exit_with_parent(parent: int) -> None:
+    def watch():
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)  # the trainer is gone (killed): what was not finalized stays a .partial folder
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def writer_main(device: str, parent: int, *loop_args) -> None:
+    """The persistent worker's process: prepared as a trainer of ``device`` is, then megatron-core's loop."""
+    _exit_with_parent(parent)
+    from mcore_dapo.devices import get_adapter
+    from mcore_dapo.patching import load_implementations, registry
+
+    adapter = get_adapter(device)
+    adapter.prepare()
+    load_implementations()
+    registry.apply(adapter.name, "megatron-core")
+    from megatron.core.dist_checkpointing.strategies.async_utils import PersistentAsyncCaller
+
+    PersistentAsyncCaller.async_loop(*loop_args)
+
+
+def persistent_caller(device: str):
+    """megatron-core's ``PersistentAsyncCaller`` whose worker runs :func:`writer_main` and snapshots host
+    tensors (the rest of the class, queues and completion checks included, is megatron-core's)."""
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+    from megatron.core.dist_checkpointing.strategies import async_utils
+
+    class Caller(async_utils.PersistentAsyncCaller):
+        def start_worker(self) -> None:
+            if self.process is None:
+                ctx = mp.get_context("spawn")
+                self.process = ctx.Process(target=writer_main, args=(
+                    device, os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q,
+                    async_utils.logger.getEffectiveLevel()))
+                self.process.start()
+
+        def schedule_async_call(self, async_req) -> None:
+            if async_req.async_fn is None:
+                return
+            self.start_worker()
+            if async_req.preload_fn is not None:
+                async_req = async_req._replace(preload_fn=functools.partial(snapshot, async_req.preload_fn))
+            super().schedule_async_call(async_req)
+
+    return Caller()
+
+
+@dataclass
+class PendingSave:
+    """A save whose writes run in the background; its ``steps`` run in order on every rank once all are done
+    (each may be collective)."""
+
+    name: str
+    steps: list[Callable[[], None]] = field(default_factory=list)
+    futures: list[Future] = field(default_factory=list)
+    calls: int = 0  # dist-checkpoint requests scheduled for it
+
+
+class BackgroundWriter:
+    def __init__(self, device: str):
+        self.device = device
+        self._queue = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
+        self.pending: PendingSave | None = None
+        self._warm: threading.Thread | None = None
+        atexit.register(self.close)  # before multiprocessing's own exit handler, which would wait for the worker
+
+    @property
+    def queue(self):
+        if self._queue is None:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self._queue = AsyncCallsQueue(persistent=True)
+            self._queue.persistent_caller = persistent_caller(self.device)
+        return self._queue
+
+    def start(self) -> None:
+        """Spawn the worker now (it imports torch and Megatron while training goes on), not at the first save;
+        and, in a thread, the results queue megatron-core's async file writer makes once per process (a
+        multiprocessing manager: a process spawned by ``filesystem_async._get_write_results_queue``, seconds)."""
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        from mcore_dapo.versions import megatron_version
+
+        self.queue.persistent_caller.start_worker()
+        if megatron_version() < (0, 14, 0):  # megatron-core 0.12.1 forks it (quick; and a fork from a thread is not safe)
+            filesystem_async._get_write_results_queue()
+            return
+        self._warm = threading.Thread(target=filesystem_async._get_write_results_queue, daemon=True)
+        self._warm.start()
+
+    def begin(self, name: str) -> PendingSave:
+        if self._warm is not None:
+            self._warm.join()
+            self._warm = None
+        if self.pending is not None:
+            raise RuntimeError(f"checkpoint {self.pending.name} is still being written: poll(blocking=True) first")
+        self.pending = PendingSave(name)
+        return self.pending
+
+    def schedule(self, request) -> None:
+        """A dist-checkpoint ``AsyncRequest`` of the pending save (collective: every rank schedules its own)."""
+        self.queue.schedule_async_request(request)
+        self.pending.calls += 1
+
+    def submit(self, fn: Callable, *args) -> Future:
+        """Background work of the pending save on this rank (the HF shards it writes)."""
+        future = self._pool.submit(fn, *args)
+        self.pending.futures.append(future)
+        return future
+
+    def poll(self, blocking: bool) -> bool:
+        """Collective. Finish the pending save if every rank's writes are done (``blocking``: wait for them);
+        True when no save is pending any more."""
+        import torch
+        import torch.distributed as dist
+
+        if self.pending is None:
+            return True
+        if self._queue is not None and self._queue.get_num_unfinalized_calls():
+            self._queue.maybe_finalize_async_calls(blocking=blocking)
+            if self._queue.get_num_unfinalized_calls():
+                return False
+        if blocking:
+            for f in self.pending.futures:
+                f.exception()  # waits
+        state = DONE
+        for f in self.pending.futures:
+            if not f.done():
+                state = RUNNING
+            elif f.exception() is not None:
+                state = FAILED
+                break
+        flags = torch.tensor([state == RUNNING, state == FAILED], dtype=torch.int64)
+        dist.all_reduce(flags)
+        pending = self.pending
+        if int(flags[1]):
+            self.pending = None
+            errors = [None] * dist.get_world_size()
+            mine = next((repr(f.exception()) for f in pending.futures if f.done() and f.exception()), None)
+            dist.all_gather_object(errors, mine)
+            bad = {r: e for r, e in enumerate(errors) if e}
+            raise RuntimeError(f"checkpoint {pending.name}: the background write failed on rank(s) "
+                               f"{', '.join(f'{r} ({e})' for r, e in bad.items())}; it stays incomplete")
+        if int(flags[0]):
+            return False
+        self.pending = None
+        for step in pending.steps:
+            step()
+        return True
+
+    def close(self) -> None:
+        """At exit: the worker process stopped (a pending save not finished is left incomplete)."""
+        self._pool.shutdown(wait=False)
+        caller = self._queue.persistent_caller if self._queue is not None else None
+        self._queue = None
+        if caller is not None and caller.process is not None:
+            caller.process.kill()  # megatron-core's close(abort=True) on 0.16.1; 0.12.1's close() waits for it
+            caller.process.join()
+            caller.process = None
