@@ -287,6 +287,8 @@ def test_the_checkpoints_hf_weights_load_in_transformers_and_are_the_engines(res
         assert sorted(r.keys()) == sorted(at_save)
         assert all(torch.equal(r.get(n), t) for n, t in at_save.items())
     assert model.config.num_hidden_layers == 4
+    # written by both EP ranks (each its experts, the dense tensors in turns), not gathered to one
+    assert reshard[0]["save"]["hf_save"]["writer_ranks"] == 2
 
 
 # the engine's log-probs (bf16 model, fp32 logits: Float16Module) against transformers' fp32 forward of the same
@@ -431,6 +433,31 @@ def test_a_truncated_checkpoint_file_is_one_line_naming_it_and_the_previous_chec
     msg = str(e.value)
     assert "\n" not in msg and str(victim) in msg and f"{size // 2} bytes, {size} were written" in msg
     assert f"previous complete checkpoint is {tmp_path / 'global_step_1'}" in msg
+
+
+@pytest.mark.parametrize("damage", ["record", "index"])
+def test_a_missing_shard_is_one_line_naming_it_and_the_previous_checkpoint(reshard, tmp_path, damage):
+    """A record that names a file not there; an HF index that names a shard not there (and the record does not)."""
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin.checkpoint import RESUME_FILE, check
+
+    work = reshard[2]
+    for step in (1, 3):
+        shutil.copytree(work / "global_step_1" / "actor", tmp_path / f"global_step_{step}" / "actor")
+    folder = tmp_path / "global_step_3" / "actor"
+    hf = folder / "model" / "huggingface"
+    victim = sorted(hf.glob("*.safetensors"))[-1]
+    victim.unlink()
+    if damage == "index":
+        record = json.loads((folder / RESUME_FILE).read_text())
+        del record["files"][str(victim.relative_to(folder))]
+        (folder / RESUME_FILE).write_text(json.dumps(record))
+    with pytest.raises(UserError) as e:
+        check(folder, here_record(work))
+    msg = str(e.value)
+    want = f"checkpoint file {victim} is missing" if damage == "record" else (
+        f"{hf / 'model.safetensors.index.json'} names {victim.name}, which is missing")
+    assert "\n" not in msg and want in msg and f"previous complete checkpoint is {tmp_path / 'global_step_1'}" in msg
 
 
 def test_a_damaged_tracker_is_one_line_before_ray(reshard, tmp_path):

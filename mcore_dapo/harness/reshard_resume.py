@@ -221,7 +221,7 @@ def save_run(a) -> dict:
         torch.save({"update": second, "weights": want, "at_save": at_save, "engine_logp": logp,
                     "batch": batches[BATCH_B][0]}, work / "uninterrupted.pt")
     out = {"layout": engine.mapping.layout.describe(), "first": first, "uninterrupted": second,
-           "save_seconds": round(save_s, 2)}
+           "save_seconds": round(save_s, 2), "hf_save": engine.bridge.last_save}
     # the same layout: everything loaded, then the weights and RNG alone (a fresh optimizer: the control)
     for name, extra in (("same_layout", ()), ("without_optimizer", (f"{A}.checkpoint.load_contents=[model,extra]",))):
         w2, e2, b2 = start(a, a.tp, a.pp, a.ep, extra)

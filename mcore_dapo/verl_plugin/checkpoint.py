@@ -154,6 +154,14 @@ def problem(folder: Path) -> str | None:
             return f"checkpoint file {p} is missing"
         if p.stat().st_size != size:
             return f"checkpoint file {p} is {p.stat().st_size} bytes, {size} were written: truncated or damaged"
+    for index in folder.rglob("*.safetensors.index.json"):  # the HF weights' index names every shard
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return f"checkpoint file {index} cannot be read as an HF index: damaged"
+        for shard in sorted(shards):
+            if not (index.parent / shard).is_file():
+                return f"checkpoint file {index} names {shard}, which is missing"
     return None
 
 
