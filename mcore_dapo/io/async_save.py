@@ -46,6 +46,10 @@ def snapshot(preload_fn):
     return out
 
 
+def _nothing() -> None:
+    """A rank's background write when it has nothing to write."""
+
+
 def _exit_with_parent(parent: int) -> None:
     def watch():
         import time
@@ -91,7 +95,11 @@ def persistent_caller(device: str):
 
         def schedule_async_call(self, async_req) -> None:
             if async_req.async_fn is None:
-                return
+                # nothing for this rank to write (under fully_reshardable's memory-efficient gather only each
+                # data-parallel group's rank 0 writes): megatron-core's caller returns without telling its
+                # worker, whose completion queue then never answers a worker started beforehand; a no-op does
+                async_req = async_req._replace(async_fn=_nothing, async_fn_args=(), async_fn_kwargs={},
+                                               preload_fn=None)
             self.start_worker()
             if async_req.preload_fn is not None:
                 async_req = async_req._replace(preload_fn=functools.partial(snapshot, async_req.preload_fn))

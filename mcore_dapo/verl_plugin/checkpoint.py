@@ -14,14 +14,19 @@ incomplete / corrupted checkpoint..." (megatron/core/dist_checkpointing/serializ
 files it does not overwrite. verl also removes older checkpoints (``max_ckpt_to_keep``) before and while
 the new one is written.
 
-:class:`CheckpointManager` (verl's, with four methods replaced) makes the save atomic as the converters'
+:class:`CheckpointManager` (verl's, with some methods replaced) makes the save atomic as the converters'
 outputs are (:mod:`mcore_dapo.io.output`): verl writes into ``.<actor>.partial``; rank 0 then adds
 :data:`RESUME_FILE` (model, layout, optimizer format, writer, and every file with its size) and renames the
-folder; older checkpoints are removed only after that. The distributed optimizer is saved in Megatron's format that
-loads under another TP/PP/EP/DP layout (:func:`optimizer_format`: ``fully_reshardable`` from megatron-core 0.14,
-``fully_sharded_model_space`` before). Before a load, :func:`check` refuses in one line a
-checkpoint that is incomplete, truncated, of another model or of a layout that cannot take it, and names
-the previous complete checkpoint.
+folder; older checkpoints are removed only after that. With ``checkpoint.async_save`` the save runs in the
+background (:mod:`mcore_dapo.io.async_save`): training waits for the copy to host memory, and the record, the
+rename, the upload and the tracker come once every rank's writes are done (:func:`poll`, at every training
+step; verl 0.9.1's v1 trainer never finishes verl's own asynchronous save). No rank funnels the save: the HF
+weights are written by the ranks that hold them (:mod:`mcore_dapo.resharding.owned`), the distributed optimizer
+in megatron-core's format with no gather (:func:`optimizer_format`: ``dp_reshardable`` from megatron-core 0.14,
+which loads under the same model-parallel layout only, ``fully_sharded_model_space`` before); the run's last save,
+or every save with verl's ``megatron.dist_ckpt_optim_fully_reshardable``, in ``fully_reshardable``, which another
+layout loads. Before a load, :func:`check` refuses in one line a checkpoint that is incomplete, truncated, missing
+a shard, of another model or of a layout that cannot take it, and names the previous complete checkpoint.
 """
 
 from __future__ import annotations

@@ -1,0 +1,42 @@
+"""The background writer of checkpoints (mcore_dapo/io/async_save.py) on its own: 2 torchrun ranks, gloo on the
+CPU, megatron-core's persistent checkpoint worker (mcore_dapo.harness.check_async_save).
+
+* What is written is what the ranks held when the save was scheduled, though the tensor changes right after
+  (the next update): the worker copies a host tensor while the trainer waits. Mutation: without that copy
+  (``snapshot`` returning ``preload_fn()`` as it is) the saved values were the changed ones.
+* A rank with nothing to write (a replica) finishes its save like the others.
+* A background write that fails on one rank makes every rank's poll raise, naming that rank, and the save's
+  last steps (record, rename, tracker in the checkpoint manager) do not run.
+"""
+
+import pytest
+
+from mcore_dapo.runtime.launch import torchrun
+
+pytestmark = pytest.mark.ranks(2)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory):
+    return torchrun("mcore_dapo.harness.check_async_save", ["--work", str(tmp_path_factory.mktemp("async"))], 2,
+                    timeout=600)
+
+
+def test_what_is_written_is_what_the_ranks_held_at_the_save(checked):
+    assert checked["saved_is_at_save"] and not checked["saved_is_after_change"]
+    assert checked["worker_pid"] > 0  # written by the persistent worker process
+    assert checked["steps_run"][0] == "finished-1"
+
+
+def test_a_rank_with_nothing_to_write_finishes_too(checked):
+    """megatron-core's caller gives a rank with nothing to write no work for its worker (``async_fn`` None), and
+    a poll of a worker started beforehand then waits for ever (seen: verl's trainer hung at its last save, whose
+    memory-efficient reshardable format has only each data-parallel group's rank 0 write)."""
+    assert checked["nothing_to_write"] == [False, True]
+    assert checked["steps_run"][:2] == ["finished-1", "finished-replica"]
+
+
+def test_a_failed_background_write_raises_on_every_rank_naming_it(checked):
+    for msg in checked["failure"]:
+        assert msg is not None and "test-2" in msg and 'rank(s) 1 (OSError("disk full' in msg
+    assert "finished-2" not in checked["steps_run"] and not checked["pending_after_failure"]
