@@ -2,8 +2,9 @@
 CPU, megatron-core's persistent checkpoint worker (mcore_dapo.harness.check_async_save).
 
 * What is written is what the ranks held when the save was scheduled, though the tensor changes right after
-  (the next update): the worker copies a host tensor while the trainer waits. Mutation: without that copy
-  (``snapshot`` returning ``preload_fn()`` as it is) the saved values were the changed ones.
+  (the next update): the trainer copies a host tensor into shared memory before the worker gets it. Mutation:
+  without that copy (``stage_host_tensors`` returning the buckets as they are) the saved values were the changed
+  ones.
 * A rank with nothing to write (a replica) finishes its save like the others.
 * A background write that fails on one rank makes every rank's poll raise, naming that rank, and the save's
   last steps (record, rename, tracker in the checkpoint manager) do not run.

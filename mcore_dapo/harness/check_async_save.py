@@ -48,7 +48,7 @@ def run(a) -> dict:
     pending = writer.begin("test-1")
     request = dist_checkpointing.save({"w": ShardedTensor.from_rank_offsets("w", weights, (0, rank, world))},
                                       str(folder), async_sharded_save=True)
-    writer.schedule(request)
+    writer.schedule([request])
     pending.steps.append(lambda: steps.append("finished-1"))
     weights.add_(1000.0)  # the next update, while the worker writes
     writer.poll(blocking=True)
@@ -66,7 +66,7 @@ def run(a) -> dict:
                                       str(replica), async_sharded_save=True)
     nothing = [None] * world
     dist.all_gather_object(nothing, request.async_fn is None)
-    writer.schedule(request)
+    writer.schedule([request])
     pending.steps.append(lambda: steps.append("finished-replica"))
     writer.poll(blocking=True)
     # a save whose background part fails on the last rank

@@ -16,9 +16,9 @@ write raised makes every rank raise, naming it; the checkpoint stays in its ``.p
 The worker process is spawned (not forked: the trainer may hold CUDA or Ray state) and prepares itself as a
 trainer process does for the device (:func:`writer_main`): MindSpeed before Megatron on Ascend, the CPU patches
 of Megatron on the CPU, where megatron-core's worker would otherwise ask CUDA for a device. A host tensor is
-handed to the worker as the live tensor (moved to shared memory); the worker copies it while the trainer waits
-(:func:`snapshot`), as the device-to-host copy does on an accelerator, so that training cannot change what the
-checkpoint holds. The worker exits when its trainer process is gone.
+copied once into shared memory by the trainer before the worker gets it (:func:`stage_host_tensors`), as the
+device-to-host copy does on an accelerator, so that training cannot change what the checkpoint holds; a save's
+requests go to the worker as one (:func:`combined`). The worker exits when its trainer process is gone.
 """
 
 from __future__ import annotations
@@ -34,16 +34,72 @@ from typing import Callable
 RUNNING, DONE, FAILED = 0, 1, 2
 
 
-def snapshot(preload_fn):
-    """The worker's preload (megatron-core's ``FileSystemWriterAsync.preload_tensors``: ``tensor.to("cpu")``),
-    then a copy of every tensor that still shares the trainer's memory (a host tensor: ``to("cpu")`` returned
-    it as it is)."""
-    buckets = preload_fn()
+def _shared_copy(t):
+    out = torch_empty_shared(t)
+    out.copy_(t)
+    return out
+
+
+def torch_empty_shared(t):
+    import torch
+
+    return torch.empty(t.shape, dtype=t.dtype).share_memory_()
+
+
+def stage_host_tensors(write_buckets):
+    """Megatron's write buckets (``(file, key, (bytes, [(item, tensor)]))``) with every host tensor copied once
+    into shared memory, in the trainer, before the request goes to the worker: the worker's preload
+    (``tensor.to("cpu")``) would hand it the live tensor, which the next update changes; an accelerator's tensor
+    stays for the worker's device-to-host copy, during which the trainer waits."""
     out = []
-    for file_name, storage_key, (bytes_data, tensor_data) in buckets:
-        tensor_data = [(item, t.clone() if t.is_shared() else t) for item, t in tensor_data]
+    for file_name, storage_key, (bytes_data, tensor_data) in write_buckets:
+        tensor_data = [(item, _shared_copy(t) if t.device.type == "cpu" else t) for item, t in tensor_data]
         out.append((file_name, storage_key, (bytes_data, tensor_data)))
     return out
+
+
+def _preload_all(preloads):
+    return [p() if p is not None else None for p in preloads]
+
+
+def _write_all(parts, preloaded, _unused=None):
+    """One save's requests written one after the other by the worker (their preloads done first)."""
+    for (fn, args, kwargs), buckets in zip(parts, preloaded):
+        if fn is None:
+            continue
+        args = list(args)
+        if buckets is not None:
+            args[1] = buckets
+        fn(*args, **kwargs)
+
+
+def combined(requests):
+    """A save's dist-checkpoint requests as one: megatron-core's persistent worker takes one request at a time and
+    a trainer scheduling the next waits for the previous one's writes (``preload_q.join()`` behind them), so two
+    requests of one save (verl's optimizer and RNG states) would block training for the first one's writes."""
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncRequest
+
+    parts, preloads, finalize = [], [], []
+    for r in requests:
+        args = list(r.async_fn_args)
+        if r.preload_fn is not None:
+            args[1] = stage_host_tensors(args[1])
+            preload = functools.partial(*_rebind(r.preload_fn, args[1]))
+        else:
+            preload = None
+        parts.append((r.async_fn, tuple(args), dict(r.async_fn_kwargs or {})))
+        preloads.append(preload)
+        finalize.extend(r.finalize_fns)
+    return AsyncRequest(_write_all, (parts, None, None), finalize,
+                        preload_fn=functools.partial(_preload_all, preloads))
+
+
+def _rebind(preload_fn, buckets):
+    """``functools.partial(preload_tensors, write_buckets, non_blocking)`` (megatron-core's, both lines) on the
+    staged buckets."""
+    if not isinstance(preload_fn, functools.partial) or not preload_fn.args:
+        raise RuntimeError(f"unexpected preload function {preload_fn!r} of megatron-core's async save")
+    return (preload_fn.func, buckets, *preload_fn.args[1:])
 
 
 def _nothing() -> None:
@@ -77,8 +133,8 @@ def writer_main(device: str, parent: int, *loop_args) -> None:
 
 
 def persistent_caller(device: str):
-    """megatron-core's ``PersistentAsyncCaller`` whose worker runs :func:`writer_main` and snapshots host
-    tensors (the rest of the class, queues and completion checks included, is megatron-core's)."""
+    """megatron-core's ``PersistentAsyncCaller`` whose worker runs :func:`writer_main` (the rest of the class,
+    queues and completion checks included, is megatron-core's)."""
     import multiprocessing as mp
 
     import torch.distributed as dist
@@ -101,8 +157,6 @@ def persistent_caller(device: str):
                 async_req = async_req._replace(async_fn=_nothing, async_fn_args=(), async_fn_kwargs={},
                                                preload_fn=None)
             self.start_worker()
-            if async_req.preload_fn is not None:
-                async_req = async_req._replace(preload_fn=functools.partial(snapshot, async_req.preload_fn))
             super().schedule_async_call(async_req)
 
     return Caller()
@@ -161,9 +215,12 @@ class BackgroundWriter:
         self.pending = PendingSave(name)
         return self.pending
 
-    def schedule(self, request) -> None:
-        """A dist-checkpoint ``AsyncRequest`` of the pending save (collective: every rank schedules its own)."""
-        self.queue.schedule_async_request(request)
+    def schedule(self, requests: list) -> None:
+        """The dist-checkpoint ``AsyncRequest`` s of the pending save, as one (:func:`combined`; collective: every
+        rank schedules its own)."""
+        if not requests:
+            return
+        self.queue.schedule_async_request(combined(requests))
         self.pending.calls += 1
 
     def submit(self, fn: Callable, *args) -> Future:

@@ -370,8 +370,7 @@ def manager_class(base):
             writer = self._mcore_writer
             if writer is None or writer.pending is None:  # a save that is not in the background
                 return super()._dispatch_finalize(async_requests, finalize_save_fn)
-            for request in async_requests:  # megatron-core's persistent worker, not its module-level queue
-                writer.schedule(request)
+            writer.schedule(list(async_requests))  # megatron-core's persistent worker, not its module-level queue
             writer.pending.steps.append(finalize_save_fn)
 
         def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
