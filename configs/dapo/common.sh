@@ -170,8 +170,13 @@ DAPO_ARGS=(
 
 # DRY_RUN=1: compose and check the config only (no Ray, no device); the model's config.json comes
 # from MODEL_PATH when present, else from the project's copy in configs/models/qwen3-30b-a3b.
+# PRINT_ARGS=1: print the overrides, one a line, and run nothing (`mcore-dapo migrate` reads them).
 run_dapo() {
     local here
+    if [ -n "${PRINT_ARGS:-}" ]; then
+        printf '%s\n' "${DAPO_ARGS[@]}" "$@"
+        return 0
+    fi
     here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
     if [ ! -f "${MODEL_PATH}/config.json" ]; then
         export MCORE_DAPO_MODEL_CONFIG="${MCORE_DAPO_MODEL_CONFIG:-${here}/models/qwen3-30b-a3b}"

@@ -1,4 +1,4 @@
-"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data."""
+"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data, migrate."""
 
 from __future__ import annotations
 
@@ -35,6 +35,12 @@ def _selfcheck(a) -> int:
     return 0 if report["ok"] else 1
 
 
+def _migrate(a) -> int:
+    from mcore_dapo import migrate
+
+    return migrate.main(a)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="mcore-dapo", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -55,6 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="the real model's config.json (default: the shipped Qwen3-30B-A3B)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_selfcheck)
+    p = sub.add_parser("migrate", help="a verl FSDP launch (the guide's) as a verl 0.9.1 Megatron launch script")
+    p.add_argument("script", metavar="SCRIPT", help="bash launch script, or a file of key=value overrides")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the script here (default: standard output)")
+    p.add_argument("--device", default=None, help="the planner's device (default: from trainer.device: npu -> a2, "
+                   "cuda -> h100); h100, h200, a100, a2")
+    p.add_argument("--model", default=None, help="the model's folder or config.json for the planner (default: "
+                   "actor_rollout_ref.model.path where it is on this machine, else Qwen3-30B-A3B's config)")
+    p.add_argument("--json", action="store_true", help="print the overrides and differences as one JSON line")
+    p.set_defaults(fn=_migrate)
     from mcore_dapo.cli.analysis import add_commands as analysis_commands
 
     analysis_commands(sub)

@@ -44,6 +44,19 @@ def verl_validate(c) -> None:
         raise UserError(f"verl rejects the config: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
+def refuse_fsdp_keys(overrides: list[str]) -> None:
+    """Under ``actor.strategy=megatron``, the FSDP-era keys that would not compose, all in one line with their
+    replacements (mcore_dapo/migrate.py's table), before Hydra stops at the first."""
+    from mcore_dapo.migrate import STRATEGY_KEY, fsdp_keys, value_of
+
+    if (value_of(overrides, STRATEGY_KEY) or "").strip("'\"") != "megatron":
+        return
+    bad = fsdp_keys(overrides)
+    if bad:
+        raise UserError(f"{len(bad)} key(s) of verl's FSDP path with {STRATEGY_KEY}=megatron: {'; '.join(bad)} "
+                        "(mcore-dapo migrate SCRIPT rewrites a whole launch)")
+
+
 def dry_run(overrides: list[str], here: bool = False):
     """Compose and check; return the resolved parallel sizes and the composed config. ``here``: a launch
     from this machine, which must also have the software the config needs (checked before Ray starts)."""
@@ -53,6 +66,7 @@ def dry_run(overrides: list[str], here: bool = False):
     from mcore_dapo.verl_plugin.config_checks import validate
     from mcore_dapo.verl_plugin.overrides import rewrite
 
+    refuse_fsdp_keys(overrides)
     try:
         c = compose(rewrite(overrides))
     except (HydraException, OmegaConfBaseException) as e:

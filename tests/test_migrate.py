@@ -1,0 +1,236 @@
+"""``mcore-dapo migrate``: the guide's FSDP scripts become the project's Megatron launch, and the entry point names
+every FSDP key it cannot compose in one line.
+
+The guide's two scripts are read from the guide itself (``../shared/seed/``, beside the repository; skipped where
+it is absent). The reference of the migration is what the project's launch script for the device composes
+(``DRY_RUN=1``, verl's own Hydra composition, ``MCORE_DAPO_CONFIG_OUT``), and the keys where the two may differ are
+written here by hand from reading the guide: its dropout overrides and its run names. The paths are the guide's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+GUIDE = REPO.parent / "shared" / "seed" / "qwen3-30b-a3b-verl-dapo-guide.txt"
+BIN = Path(sys.executable).parent
+
+# where the migrated guide may differ from the launch script: the guide's own choices, read in the guide
+DROPOUT = {f"actor_rollout_ref.model.override_config.{k}" for k in ("attention_dropout", "embd_pdrop", "resid_pdrop")}
+DIFFERS = {"a2": DROPOUT | {"trainer.experiment_name"},
+           "h100": DROPOUT | {"trainer.experiment_name", "trainer.project_name"}}
+GUIDE_PATHS = {
+    "a2": {"actor_rollout_ref.model.path": "/root/work/filestorage/weights_hf/Qwen3-30B-A3B",
+           "trainer.default_local_dir": "/root/work/filestorage/ckpt/Qwen3-30B-A3B/1220/",
+           "data.train_files": "/root/work/filestorage/datasets/dapo-math-17k.parquet",
+           "data.val_files": "/root/work/filestorage/datasets/aime-2024.parquet"},
+    "h100": {"actor_rollout_ref.model.path": "/root/work/filestorage/GroupPostTrain/OpenSourceModels/Qwen3-30B-A3B",
+             "trainer.default_local_dir": "/root/work/externalstorage/gpfsprd/verl/outputs/DAPO-myconfig/DAPO-Qwen3-30B",
+             "data.train_files": "/root/work/externalstorage/gpfsprd/datasets/DAPO-Math-17k/raw/dapo-math-17k.parquet",
+             "data.val_files": "/root/work/externalstorage/gpfsprd/datasets/DAPO-Math-17k/dapo-aime24.parquet"},
+}
+SECTION = {"a2": "3.3.2", "h100": "3.4 H100"}
+
+
+def guide_script(device: str, out: Path) -> Path:
+    """The guide's script for ``device``: from its ``#!/usr/bin/env bash`` after the section's title to the
+    command's last line (``... $@``)."""
+    if not GUIDE.is_file():
+        pytest.skip("the guide (../shared/seed/qwen3-30b-a3b-verl-dapo-guide.txt) is not beside the repository")
+    text = GUIDE.read_text()
+    start = text.index("#!/usr/bin/env bash", text.index(SECTION[device]))
+    end = text.index("$@", start) + 2
+    out.write_text(text[start:end] + "\n")
+    return out
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, dict):  # an empty section has no leaves (a filled one on the other side has them)
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def dry_run(script: Path, out: Path, **env) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DRY_RUN": "1",
+         "MCORE_DAPO_CONFIG_OUT": str(out), **env}
+    return subprocess.run(["bash", str(script)], env=e, capture_output=True, text=True, timeout=300)
+
+
+def mcore_dapo(*args, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "mcore-dapo"), *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@pytest.mark.parametrize("device", ["a2", "h100"])
+def test_the_guides_script_migrates_to_the_launch_scripts_config(device, tmp_path):
+    script = guide_script(device, tmp_path / f"guide-{device}.sh")
+    out = tmp_path / "megatron.sh"
+    r = mcore_dapo("migrate", str(script), "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    report = __import__("json").loads(r.stdout.splitlines()[0])
+    assert set(report["differs"]) == DIFFERS[device], report["differs"]
+    assert report["mode"] == "colocate"  # the planner's mode of both launch scripts (ASYNC=colocate)
+
+    got = dry_run(out, tmp_path / "migrated.yaml")
+    assert got.returncode == 0, got.stderr[-2000:]
+    want = dry_run(REPO / "configs" / f"dapo_qwen3_30b_{device}.sh", tmp_path / "launch.yaml")
+    assert want.returncode == 0, want.stderr[-2000:]
+    a = flat(yaml.safe_load((tmp_path / "migrated.yaml").read_text()))
+    b = flat(yaml.safe_load((tmp_path / "launch.yaml").read_text()))
+    differ = {k for k in a.keys() | b.keys() if a.get(k, "<absent>") != b.get(k, "<absent>")}
+    # the launch script's paths are its defaults (/data/...); the migrated script keeps the guide's
+    assert differ == DIFFERS[device] | GUIDE_PATHS[device].keys(), sorted(differ)
+    assert {k: a[k] for k in GUIDE_PATHS[device]} == GUIDE_PATHS[device]
+    # the same JSON line of sizes (layout, device, trainer mode) from both dry runs
+    assert got.stdout.splitlines()[-1] == want.stdout.splitlines()[-1]
+    text = out.read_text()
+    assert "# dropped actor_rollout_ref.actor.ulysses_sequence_parallel_size=1: FSDP only" in text
+    assert "python3 -m mcore_dapo.verl_plugin.main_dapo \"${ARGS[@]}\" \"$@\"" in text
+
+
+GUIDE_REFUSED = {  # the guide's keys that verl 0.9.1 does not compose on the Megatron path, and their replacements
+    "actor_rollout_ref.actor.fsdp_config.param_offload": "-> actor_rollout_ref.actor.megatron.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": "-> actor_rollout_ref.actor.megatron.optimizer_offload",
+    "actor_rollout_ref.ref.fsdp_config.param_offload": "-> actor_rollout_ref.ref.megatron.param_offload",
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": "-> actor_rollout_ref.actor.megatron.dtype",
+    "actor_rollout_ref.actor.fsdp_config.fsdp_size": "dropped: FSDP only",
+    "actor_rollout_ref.actor.grad_clip": "-> actor_rollout_ref.actor.optim.clip_grad",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "dropped: FSDP only",
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "dropped: FSDP only",
+    "actor_rollout_ref.rollout.dp_model_parallel_size": "dropped: not in verl 0.9.1's rollout config",
+    "actor_rollout_ref.rollout.rollout_world_size": "dropped: not in verl 0.9.1's rollout config",
+    "actor_rollout_ref.rollout.enable_expert_parallel": "dropped: not in verl 0.9.1's rollout config",
+    "reward_model.overlong_buffer.enable": "-> +reward.reward_kwargs.overlong_buffer_cfg.enable",
+    "reward_model.overlong_buffer.len": "-> +reward.reward_kwargs.overlong_buffer_cfg.len",
+    "reward_model.overlong_buffer.penalty_factor": "-> +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+}
+
+
+def test_the_guides_fsdp_keys_under_megatron_are_one_line_naming_all(tmp_path):
+    """The guide's A2 overrides with only the strategy, the entry point and the layout changed: one line naming
+    each FSDP key with its replacement; without those keys the same overrides compose and pass the checks (so the
+    line named every key that would have failed)."""
+    from mcore_dapo.migrate import read_launch
+
+    launch = read_launch(guide_script("a2", tmp_path / "guide.sh"), env={})
+    layout = [f"actor_rollout_ref.{r}.megatron.{k}={v}" for r in ("actor", "ref")
+              for k, v in (("pipeline_model_parallel_size", 2), ("expert_model_parallel_size", 8))]
+    overrides = [o.replace("strategy=fsdp", "strategy=megatron") for o in launch.overrides] + layout
+    env = {**os.environ, "DRY_RUN": "1", "MCORE_DAPO_MODEL_CONFIG": str(REPO / "configs" / "models" / "qwen3-30b-a3b")}
+    cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo"]
+    r = subprocess.run([*cmd, *overrides], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-3000:]
+    line = r.stderr.strip()
+    assert line.startswith(f"error: {len(GUIDE_REFUSED)} key(s) of verl's FSDP path"), line
+    for key, replacement in GUIDE_REFUSED.items():
+        assert f"{key} {replacement}" in line, key
+    rest = [o for o in overrides if o.lstrip("+").partition("=")[0] not in GUIDE_REFUSED]
+    r = subprocess.run([*cmd, *rest], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_the_table_agrees_with_verls_megatron_config():
+    """A rule is refused at the entry point exactly where verl 0.9.1's Megatron config lacks the key (its
+    generated config, the file verl keeps equal to what Hydra composes), checked on concrete keys of each rule."""
+    from mcore_dapo.migrate import RULES, verl_megatron_config
+
+    pytest.importorskip("verl")
+    cfg = flat(verl_megatron_config())
+    parents = {k.rpartition(".")[0] for k in cfg} | {p for k in cfg for p in _prefixes(k)}
+    for rule in RULES:
+        key = rule.pattern.replace("*.fsdp_config.*", "actor.fsdp_config.wrap_policy").replace("*", "actor")
+        present = key in cfg or key in parents
+        assert present == rule.composes, (rule.pattern, present)
+        if rule.to is not None:  # the replacement is verl's key, or one verl lacks that the table adds with +
+            to = rule.target(key)
+            assert (to in cfg) != rule.add, (to, rule.add)
+
+
+def _prefixes(key: str):
+    parts = key.split(".")
+    return (".".join(parts[:i]) for i in range(1, len(parts)))
+
+
+def test_the_docs_table_is_the_rules():
+    from mcore_dapo.migrate import markdown_table
+
+    doc = (REPO / "docs" / "VERL_PLUGIN.md").read_text()
+    assert markdown_table() in doc, ("docs/VERL_PLUGIN.md's table differs from mcore_dapo.migrate.RULES: paste "
+                                     "python -c 'from mcore_dapo.migrate import markdown_table; print(markdown_table())'")
+
+
+SCRIPT = r'''#!/usr/bin/env bash
+set -xeuo pipefail
+n=16   # a comment
+len=$((1024 * 6))
+half=$(( len / 2 ))
+name="run-${n}"
+path=${DATA_DIR:-/d}/train.parquet
+export VLLM_USE_V1=1
+python3 -m verl.trainer.main_ppo \
+    data.train_files="${path}" \
+    actor_rollout_ref.rollout.n=$n \
+    data.max_response_length=${len} \
+    trainer.experiment_name='${name}' \
+    trainer.project_name="$name" \
+    'trainer.logger=["console"]' \
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=$half $@
+'''
+
+
+def test_the_launch_is_read_as_bash_expands_it(tmp_path):
+    from mcore_dapo.migrate import read_launch
+
+    (tmp_path / "run.sh").write_text(SCRIPT)
+    launch = read_launch(tmp_path / "run.sh", env={})
+    # what bash itself passes: the reference
+    got = subprocess.run(["bash", "-c", SCRIPT.replace("python3 -m verl.trainer.main_ppo", "printf '%s\\n'")
+                          .replace("set -xeuo", "set -euo")], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert launch.overrides == got.stdout.splitlines()
+    assert launch.exports == {"VLLM_USE_V1": "1"} and launch.entry == "verl.trainer.main_ppo"
+    assert read_launch(tmp_path / "run.sh", env={"DATA_DIR": "/x"}).overrides[0] == "data.train_files=/x/train.parquet"
+
+
+BAD = [
+    ("echo hello\n", "run.sh has no verl command: accepted is a bash launch running python3 -m recipe.dapo.main_dapo"),
+    ("python3 -m recipe.dapo.main_dapo actor_rollout_ref.actor.strategy=ddp\n",
+     "actor_rollout_ref.actor.strategy=ddp is not accepted: accepted are fsdp, fsdp2, megatron"),
+    ("python3 -m recipe.dapo.main_dapo trainer.no_such_key=1 actor_rollout_ref.actor.strategy=fsdp\n",
+     "run.sh: trainer.no_such_key is not known: neither verl 0.9.1's Megatron config has it nor the migration table"),
+    ("x=$(hostname)\npython3 -m recipe.dapo.main_dapo a.b=$x\n",
+     "run.sh:1: command substitution $(hostname)... is not evaluated: write the value itself"),
+    ("python3 -m recipe.dapo.main_dapo a.b=${UNSET_VAR_OF_NOBODY}\n",
+     "run.sh:1: ${UNSET_VAR_OF_NOBODY} is used but the script does not set it"),
+]
+
+
+@pytest.mark.parametrize("text,line", BAD, ids=["no-command", "strategy", "unknown-key", "substitution", "unset"])
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, text, line):
+    (tmp_path / "run.sh").write_text(text)
+    out = tmp_path / "out.sh"
+    r = mcore_dapo("migrate", "run.sh", "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {line}") and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out.sh*"))
+
+
+def test_an_overrides_file_migrates(tmp_path):
+    """A file of key=value overrides (no script around them) is read as the overrides; its strategy is
+    rewritten and an FSDP key renamed."""
+    (tmp_path / "o.txt").write_text("actor_rollout_ref.actor.strategy=fsdp\n# offload\n"
+                                    "actor_rollout_ref.actor.fsdp_config.param_offload=True\ntrainer.nnodes=4\n")
+    r = mcore_dapo("migrate", str(tmp_path / "o.txt"), "--device", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    got = __import__("json").loads(r.stdout.splitlines()[0])["overrides"]
+    assert "actor_rollout_ref.actor.strategy=megatron" in got
+    assert "actor_rollout_ref.actor.megatron.param_offload=True" in got
+    assert not [o for o in got if "fsdp_config" in o]
