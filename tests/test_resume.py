@@ -62,6 +62,20 @@ def test_the_resumed_run_starts_at_step_3(resumed):
     assert resumed["compare"]["resumed_updates"] == 2
 
 
+def test_tiny_dapo_reports_the_resumed_run_by_its_global_steps(resumed):
+    """``mcore-dapo tiny-dapo --steps 4`` over a workdir with checkpoint 2 trains steps 3 and 4: reported as those
+    steps, and a success (its last step reaches --steps), not as steps 1 and 2 short of 4. The reference is verl's
+    own ``training/global_step`` of each logged line."""
+    from mcore_dapo.cli.tiny_dapo import report
+    from mcore_dapo.harness.tiny_dapo import read_metrics
+
+    logged = [r["data"]["training/global_step"] for r in read_metrics(Path(resumed["resumed"]["metrics_log"]))]
+    out, ok = report(resumed["resumed"], 4, start=int(resumed["killed"]["tracker"]))
+    assert [s["step"] for s in out["steps"]] == logged == [3, 4]
+    assert ok and out["resumed_from"] == 2
+    assert not report(resumed["resumed"], 5, start=2)[1]  # a run short of --steps is not a success
+
+
 # Which groups a step trains on is not deterministic between two runs of the same command: verl's dynamic sampling
 # keeps the groups that complete first, and the order in which concurrent requests complete on the two rollout
 # replicas varies (two fresh runs of this command kept different groups at step 1, measured). The training given a

@@ -79,8 +79,8 @@ def _validated(a) -> None:
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
     replay_overrides(a.router_replay, a.rollout_dtype, a.rollout)  # its one-line refusals, before anything runs
-    tracker = Path(a.workdir) / "checkpoints" / "latest_checkpointed_iteration.txt"
-    done = tracker.read_text().strip() if tracker.is_file() else ""
+    tracker = Path(a.workdir) / "checkpoints" / TRACKER
+    done = str(resumed_from(a.workdir) or "")
     if done.isdigit() and int(done) >= a.steps:
         from mcore_dapo.errors import UserError
 
@@ -93,17 +93,42 @@ def _validated(a) -> None:
         require_vllm()
 
 
+TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker of the last complete checkpoint
+
+
+def resumed_from(workdir) -> int | None:
+    """The step of the checkpoint a run in ``workdir`` resumes from (resume_mode=auto), None without one."""
+    tracker = Path(workdir) / "checkpoints" / TRACKER
+    done = tracker.read_text().strip() if tracker.is_file() else ""
+    return int(done) if done.isdigit() and int(done) > 0 else None
+
+
+def report(r: dict, steps: int, start: int | None) -> tuple[dict, bool]:
+    """(the run's summary, success): a run succeeds when its last global step reaches ``steps``, counting the
+    steps of the checkpoint it resumed from (``start``)."""
+    from mcore_dapo.harness.tiny_dapo import per_step
+
+    rows = per_step(r) if r["steps"] else []
+    out = {"returncode": r["returncode"], "seconds": r["seconds"], "resumed_from": start, "steps": rows,
+           "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
+    return out, r["returncode"] == 0 and bool(rows) and rows[-1]["step"] >= steps
+
+
 def tiny_dapo(a) -> int:
-    from mcore_dapo.harness.tiny_dapo import per_step, run
+    from mcore_dapo.harness.tiny_dapo import run
 
     _validated(a)
+    start = resumed_from(a.workdir)
+    if start is not None and not a.json:
+        print(f"resuming from step {start}: the checkpoint in {Path(a.workdir) / 'checkpoints'} "
+              "(resume_mode=auto, as the launch scripts)", flush=True)
     r = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
             router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides),
             teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, trainer_mode=a.trainer_mode)
-    steps = per_step(r) if r["steps"] else []
-    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp, "router_replay": a.router_replay or "off", "returncode": r["returncode"], "seconds": r["seconds"], "steps": steps,
-           "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
-    ok = r["returncode"] == 0 and len(steps) >= a.steps
+    summary, ok = report(r, a.steps, start)
+    steps = summary["steps"]
+    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp,
+           "router_replay": a.router_replay or "off", **summary}
     if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log
         from mcore_dapo.runtime.failures import summarize_entry_point_log
 
@@ -117,7 +142,8 @@ def tiny_dapo(a) -> int:
     else:
         failed = f"FAILED: {out['error']} (full log: {r['train_log']})" if "error" in out \
             else f"FAILED, see {r['train_log']}"
-        print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s) in {r['seconds']} s "
+        through = f", global steps {steps[0]['step']} to {steps[-1]['step']} of {a.steps}" if steps else ""
+        print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s){through} in {r['seconds']} s "
               f"({'ok' if ok else failed})")
         print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9} "
               f"{'stale':>5}")
