@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mcore_dapo.errors import UserError
+from mcore_dapo.resources import configs_dir, model_config
 
 ENTRY_MODULES = ("recipe.dapo.main_dapo", "verl.trainer.main_ppo", "mcore_dapo.verl_plugin.main_dapo")
 NEW_ENTRY = "mcore_dapo.verl_plugin.main_dapo"
@@ -516,10 +517,6 @@ RECIPE = {"a2": "dapo_qwen3_30b_a2.sh"}  # every other device: the H100 script
 MODES = {"colocate_async": "colocate", "separate_async": "separate", "sync": "off"}
 
 
-def configs_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "configs"
-
-
 @dataclass
 class Plan:
     command: str
@@ -545,7 +542,9 @@ def plan_for(overrides: list[str], device: str, model: str | None) -> Plan:
             raise UserError(f"{key}={v} is not accepted: an integer is") from None
 
     nodes, per_node = num("trainer.nnodes", 1), num("trainer.n_gpus_per_node", 8)
-    model_dir = model or _model_dir(value_of(overrides, "actor_rollout_ref.model.path"))
+    from mcore_dapo.resources import model_path
+
+    model_dir = model_path(model) if model else _model_dir(value_of(overrides, "actor_rollout_ref.model.path"))
     cfg = load_hf_config(model_dir)
     w = Workload(get_device(device), nodes=nodes, devices_per_node=per_node,
                  max_prompt=num("data.max_prompt_length", 2048), max_response=num("data.max_response_length", 6144),
@@ -569,7 +568,7 @@ def _model_dir(path: str | None) -> str:
     """The model's folder when it is on this machine, else the project's copy of Qwen3-30B-A3B's config."""
     if path and (Path(path.strip("'\"")) / "config.json").is_file():
         return path.strip("'\"")
-    return str(configs_dir() / "models" / "qwen3-30b-a3b")
+    return str(model_config())
 
 
 def recipe_overrides(device: str, launch_overrides: list[str], p: Plan) -> tuple[str, list[str]]:
@@ -626,7 +625,7 @@ class Migration:
         model = value_of(self.overrides, "actor_rollout_ref.model.path") or ""
         out += ["# a dry run on a machine without the model reads its config.json from the project's copy",
                 f"if [ ! -f {shlex.quote(model.strip(chr(39) + chr(34)))}/config.json ]; then",
-                f"    export MCORE_DAPO_MODEL_CONFIG=\"${{MCORE_DAPO_MODEL_CONFIG:-{configs_dir() / 'models' / 'qwen3-30b-a3b'}}}\"",
+                f"    export MCORE_DAPO_MODEL_CONFIG=\"${{MCORE_DAPO_MODEL_CONFIG:-{model_config()}}}\"",
                 "fi", "", "ARGS=("]
         titles = {"kept": "the script's settings", "renamed": "renamed for verl 0.9.1's Megatron path",
                   "dropped": "dropped", "layout": f"layout: {self.plan.layout}, from {self.plan.command}",

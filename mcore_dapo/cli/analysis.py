@@ -21,7 +21,9 @@ def _plan(a) -> int:
 
     if a.top < 1:
         raise UserError(f"--top {a.top} is not accepted: a positive number of rows is")
-    cfg = load_hf_config(a.model)
+    from mcore_dapo.resources import model_path
+
+    cfg = load_hf_config(model_path(a.model))
     w = Workload(
         get_device(a.device), nodes=a.nodes, devices_per_node=a.devices_per_node, max_prompt=a.max_prompt,
         max_response=a.max_response, micro_batch_tokens=a.micro_batch_tokens, prompts=a.prompts,
@@ -134,7 +136,8 @@ def _throughput_args(p) -> None:
 def add_commands(sub) -> None:
     """Add ``plan``, ``metrics`` and ``compare`` to an argparse subparsers object."""
     p = sub.add_parser("plan", help="rank the TP/PP/EP/ETP/CP/VPP layouts that fit, with verl overrides")
-    p.add_argument("--model", required=True, help="Hugging Face model folder or its config.json")
+    p.add_argument("--model", required=True, help="Hugging Face model folder or its config.json, or "
+                   "qwen3-30b-a3b (the shipped config)")
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--devices-per-node", type=int, required=True)
     p.add_argument("--device", required=True, help="h100, h200, a100, a2")

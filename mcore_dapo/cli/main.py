@@ -1,4 +1,5 @@
-"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data, migrate."""
+"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data, migrate,
+scripts."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def _selfcheck(a) -> int:
     return 0 if report["ok"] else 1
 
 
+def _scripts(a) -> int:
+    import shutil
+
+    from mcore_dapo.io.output import check_output, staged
+    from mcore_dapo.resources import configs_dir
+
+    out = check_output(a.dir, a.overwrite)
+    src = configs_dir()
+    with staged(out, a.overwrite) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__"))
+    names = sorted(p.name for p in out.glob("*.sh"))
+    print(f"wrote {out}: {', '.join(names)}, dapo/common.sh, models/ (the model's config for DRY_RUN=1)")
+    print(f"check one without Ray or devices:  DRY_RUN=1 bash {out / 'dapo_qwen3_30b_h100.sh'}")
+    return 0
+
+
 def _migrate(a) -> int:
     from mcore_dapo import migrate
 
@@ -61,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=None, help="the real model's config.json (default: the shipped Qwen3-30B-A3B)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=_selfcheck)
+    p = sub.add_parser("scripts", help="write the launch scripts (A2, H100, Ray start, common.sh, the model's "
+                       "config) into DIR")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--overwrite", action="store_true", help="replace DIR when it exists")
+    p.set_defaults(fn=_scripts)
     p = sub.add_parser("migrate", help="a verl FSDP launch (the guide's) as a verl 0.9.1 Megatron launch script")
     p.add_argument("script", metavar="SCRIPT", help="bash launch script, or a file of key=value overrides")
     p.add_argument("--out", default=None, metavar="FILE", help="write the script here (default: standard output)")

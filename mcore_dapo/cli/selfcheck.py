@@ -42,8 +42,9 @@ from typing import Callable
 
 from mcore_dapo.bridge import Bridge, Layout, load_hf_config
 from mcore_dapo.errors import UserError
+from mcore_dapo.resources import model_config
 
-REAL_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "models" / "qwen3-30b-a3b"
+REAL_CONFIG = model_config("qwen3-30b-a3b")
 STEPS = ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "rollout_sync", "dapo_update")
 # rough lower bounds of each step's time (seconds) on an accelerator node / the CPU, for --budget-s
 NEEDS = {"model": (150, 10), "megatron_vs_hf": (60, 40), "convert_roundtrip": (120, 60), "export": (60, 30),

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from mcore_dapo.resources import common_script, device_script
+
 # the overlong buffer starts past 2 tokens: the taught model's answers (``Answer: N`` and the end of turn,
 # 3 tokens) all pay the dapo reward manager's overlong penalty, 0.1 each, which scores below -1 show
 MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 10
@@ -93,7 +95,7 @@ def replay_overrides(router_replay: str | None, rollout_dtype: str | None = None
     return out
 
 
-SCRIPT = Path(__file__).resolve().parents[2] / "configs" / "dapo" / "common.sh"
+SCRIPT = common_script()
 
 # What the CPU run changes of configs/dapo/common.sh's DAPO_ARGS, by key, and why. Only these kinds:
 # sizes (lengths, batch sizes, n, token budgets, steps), device and process counts, the rollout's CPU-only
@@ -210,8 +212,6 @@ LAYOUT_CLASSES = {
 }
 
 
-def device_script(device: str) -> Path:
-    return SCRIPT.parent.parent / f"dapo_qwen3_30b_{device}.sh"
 
 
 def script_layout(device: str) -> list[str]:
