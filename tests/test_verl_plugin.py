@@ -321,16 +321,20 @@ ENGINE_CLASSES = (
 
 def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
     """The device class keeps what every device shares; verl's ``cpu`` device gets the subclass that tells load
-    from offload; the audit harness is neither imported nor installed unless MCORE_DAPO_AUDIT_DIR is set."""
-    monkeypatch.delenv("MCORE_DAPO_AUDIT_DIR", raising=False)
+    from offload; the audit harness is neither imported nor installed without the engine hook naming it."""
+    monkeypatch.delenv("MCORE_DAPO_ENGINE_HOOK", raising=False)
+    monkeypatch.setenv("MCORE_DAPO_AUDIT_DIR", "/nonexistent")  # the directory alone installs nothing
     p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True", "[]",
                                 "False"]
 
 
-def test_audit_is_a_wrapper_installed_only_with_its_directory(monkeypatch, tmp_path):
-    monkeypatch.setenv("MCORE_DAPO_AUDIT_DIR", str(tmp_path))
+def test_audit_is_a_wrapper_installed_only_through_the_engine_hook(monkeypatch, tmp_path):
+    from mcore_dapo.harness.audit import audit_env
+
+    for k, v in audit_env(tmp_path).items():
+        monkeypatch.setenv(k, v)
     p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["McoreDapoCpuEngine", "AuditedMcoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True",

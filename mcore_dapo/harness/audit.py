@@ -1,8 +1,8 @@
 """Audit of verl's training steps on the plugin's engine against an HF transformers reference.
 
-With ``MCORE_DAPO_AUDIT_DIR=D`` in the environment of verl's workers, the plugin registers its engine
-classes wrapped by :func:`audited` (:func:`mcore_dapo.verl_plugin.engine.register`); without it, this module
-is not imported. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
+With :func:`audit_env` in the environment of verl's workers (``MCORE_DAPO_AUDIT_DIR=D`` and the engine hook
+``MCORE_DAPO_ENGINE_HOOK=mcore_dapo.harness.audit:audited``), the plugin registers its engine classes wrapped by
+:func:`audited` (:func:`mcore_dapo.verl_plugin.engine.hooked`); the plugin never imports this module itself. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
 through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, the routed experts the update replays under router
 replay R2/R3, and with verl's rollout correction the importance weights and the rollout's log-probs) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from mcore_dapo.verl_plugin.engine import AUDIT_ENV as ENV
+from mcore_dapo.verl_plugin.engine import HOOK_ENV
 
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
@@ -40,6 +41,11 @@ KL = "ref_log_prob"  # with the KL loss on (actor.use_kl_loss): the reference en
 # response_mask), whose sum is the token-mean's denominator (verl/workers/engine/megatron/transformer_impl.py,
 # forward_backward_batch); the rollout correction's rejection sampling updates response_mask only
 LOSS_MASK = "loss_mask"
+
+
+def audit_env(root) -> dict:
+    """The environment that makes verl's workers audit every update into ``root``."""
+    return {ENV: str(root), HOOK_ENV: f"{__name__}:audited"}
 
 
 def audited(cls):

@@ -134,7 +134,9 @@ def run(out: Path, timeout: float = 400) -> dict:
     for f in (*(f"master-{s}.json" for s in SYNCS), "received.json", "trainer0.json", "trainer1.json",
               "trainer.store", "sync.jsonl"):
         (out / f).unlink(missing_ok=True)
-    env = {**os.environ, "MCORE_DAPO_AUDIT_DIR": str(out), "OMP_NUM_THREADS": "1"}
+    from mcore_dapo.harness.audit import audit_env
+
+    env = {**os.environ, **audit_env(out), "OMP_NUM_THREADS": "1"}
     roles = [["trainer", "0"], ["trainer", "1"], ["rollout", "0"]]
     procs = [subprocess.Popen([sys.executable, "-m", MODULE, "--role", role, "--rank", rank, str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

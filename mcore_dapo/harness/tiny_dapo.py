@@ -343,7 +343,9 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
                       gen_tp=gen_tp, trainer_mode=trainer_mode), *more, *extra]
     if audit:
-        env["MCORE_DAPO_AUDIT_DIR"] = str(audit_dir)
+        from mcore_dapo.harness.audit import audit_env
+
+        env.update(audit_env(audit_dir))
         audit_dir.mkdir(parents=True)
         (audit_dir / "settings.json").write_text(json.dumps(loss_settings(cmd[3:])))
     t0 = time.time()

@@ -24,8 +24,9 @@ Everything here is what every device shares. Registration: ``language_model``/``
 keys (cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own device-only entries,
 and for verl's ``cpu`` device the subclass of :mod:`mcore_dapo.verl_cpu.engine` (load and offload told
 apart where the device and the host are both "cpu"). ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in
-charge on CUDA and Ascend. With ``MCORE_DAPO_AUDIT_DIR`` set, the class (and so its CPU subclass) is first wrapped
-by the audit harness (:func:`mcore_dapo.harness.audit.audited`); without it, nothing of the audit is imported.
+charge on CUDA and Ascend. ``MCORE_DAPO_ENGINE_HOOK=module:function``: the class (and so its CPU subclass) is
+first passed through that function, which returns the class to register: how verification attaches (the audit,
+``mcore_dapo.harness.audit:audited``, set by the runs that audit); this module imports none of it.
 Registration waits until verl imports ``verl.workers.engine`` so that ``import verl`` never imports
 Megatron (MindSpeed must be imported before it).
 """
@@ -35,8 +36,28 @@ from __future__ import annotations
 import os
 
 ENGINE_PACKAGE = "verl.workers.engine"
-AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # read here only to decide whether the audit harness is imported
+AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # where an audit writes (read by the audit, and by the CPU checkpoint engine)
+HOOK_ENV = "MCORE_DAPO_ENGINE_HOOK"  # "module:function" wrapping the engine class before it is registered
 _registered = False
+
+
+def hooked(cls):
+    """``cls`` through the function ``MCORE_DAPO_ENGINE_HOOK`` names (``module:function``), or ``cls`` itself."""
+    spec = os.environ.get(HOOK_ENV, "")
+    if not spec:
+        return cls
+    import importlib
+
+    from mcore_dapo.errors import UserError
+
+    module, _, name = spec.partition(":")
+    try:
+        hook = getattr(importlib.import_module(module), name) if module and name else None
+    except (ImportError, AttributeError):
+        hook = None
+    if not callable(hook):
+        raise UserError(f"{HOOK_ENV}={spec!r} is not accepted: accepted is module:function of an importable module")
+    return hook(cls)
 
 
 def register() -> None:
@@ -48,11 +69,7 @@ def register() -> None:
 
     from mcore_dapo.verl_cpu.engine import cpu_engine_class
 
-    cls = engine_class()
-    if os.environ.get(AUDIT_ENV):  # verification: the audit harness wraps train_batch and the checkpoint hook
-        from mcore_dapo.harness.audit import audited
-
-        cls = audited(cls)
+    cls = hooked(engine_class())
     # verl's registry keys: its cpu device (no vendor), and (device, vendor) looked up before verl's own
     table = [(dict(device="cpu"), cpu_engine_class(cls))]
     if os.environ.get("MCORE_DAPO_VERL_ENGINE", "1") != "0":
