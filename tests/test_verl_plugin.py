@@ -363,18 +363,18 @@ def test_cpu_platform_not_chosen_on_a_gpu_host_when_torch_has_cuda(monkeypatch, 
     host): the adapters, verl's platform and the CPU patches all say CUDA host."""
     import torch
 
-    from mcore_dapo import devices
+    from mcore_dapo import devices, host
     from mcore_dapo.patching.verl_cpu import process_group
     from mcore_dapo.verl_cpu import platform as platform_cpu
 
     assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies()
     monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build of torch
-    monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path))  # a GPU driver present
+    monkeypatch.setattr(host, "NVIDIA_DRIVER", str(tmp_path))  # a GPU driver present
     assert not torch.cuda.is_available()
     assert devices.detect() == "cuda"
     assert not platform_cpu.cpu_platform_applies() and not process_group._on_cpu()
     # a CUDA build of torch on a host with no GPU at all (the Ascend stack's torch 2.7.1 here) computes on the CPU
-    monkeypatch.setattr(devices, "NVIDIA_DRIVER", str(tmp_path / "absent"))
+    monkeypatch.setattr(host, "NVIDIA_DRIVER", str(tmp_path / "absent"))
     assert devices.detect() == "cpu" and platform_cpu.cpu_platform_applies() and process_group._on_cpu()
 
 

@@ -6,6 +6,7 @@ import os
 
 from mcore_dapo.devices.base import DeviceAdapter
 from mcore_dapo.errors import UserError
+from mcore_dapo.host import detect, on_cpu  # the host's device: a leaf module the patches ask too
 
 DEVICES = ("cuda", "npu", "cpu")
 
@@ -19,32 +20,6 @@ def _classes():
 
 
 _ACTIVE: dict[str, DeviceAdapter] = {}
-
-# what a host with an NVIDIA GPU has, whatever CUDA_VISIBLE_DEVICES hides from this process
-NVIDIA_DRIVER = "/proc/driver/nvidia"
-
-
-def detect() -> str:
-    """The host's device, the one answer to "is this the CPU" (the adapters' default, verl's ``cpu``
-    platform, the CPU patches, the tests' markers): npu when torch_npu is installed; cuda when CUDA is
-    usable here, or when torch is a CUDA build on a host with an NVIDIA driver (a process whose
-    CUDA_VISIBLE_DEVICES hides every device, such as a CPU-only Ray actor on a GPU node, is on a CUDA
-    host, where verl's platform stays ``nvidia``); else cpu (a CUDA build of torch on a host without a
-    GPU, the Ascend stack's torch 2.7.1 here, computes on the CPU)."""
-    classes = _classes()
-    for name in ("npu", "cuda"):
-        if classes[name].detect():
-            return name
-    import torch
-
-    if torch.version.cuda is not None and os.path.exists(NVIDIA_DRIVER):
-        return "cuda"
-    return "cpu"
-
-
-def on_cpu() -> bool:
-    """Whether this host computes on the CPU: :func:`detect` is ``cpu``."""
-    return detect() == "cpu"
 
 
 def get_adapter(name: str | None = None) -> DeviceAdapter:

@@ -22,7 +22,7 @@ MODULE = "verl.utils.megatron_utils"
 
 def _keep_host_tensors(original):
     def _can_safely_resize_storage(tensor):
-        from mcore_dapo.devices import on_cpu
+        from mcore_dapo.host import on_cpu
 
         if tensor.device.type == "cpu" and on_cpu():
             return False  # the "offloaded" tensor is this one: freeing it frees the weights

@@ -20,7 +20,7 @@ MODULE = "verl.utils.distributed"
 
 
 def _on_cpu() -> bool:
-    from mcore_dapo.devices import on_cpu
+    from mcore_dapo.host import on_cpu
 
     return on_cpu()
 

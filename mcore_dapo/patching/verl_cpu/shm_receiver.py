@@ -25,7 +25,7 @@ def _torch_mapped(original):
 
         import torch
 
-        from mcore_dapo.devices import on_cpu
+        from mcore_dapo.host import on_cpu
 
         path = f"/dev/shm/{name.lstrip('/')}"
         if not on_cpu() or not os.path.exists(path):
