@@ -319,6 +319,19 @@ ENGINE_CLASSES = (
     "'mcore_dapo.harness.audit' in sys.modules)")
 
 
+def test_only_the_entry_point_registers():
+    """Every module of the plugin but the entry point imports without verl and registers nothing; the installed
+    entry point is the module whose import registers."""
+    code = ("import sys, pkgutil, importlib, importlib.metadata as md, mcore_dapo.verl_plugin as p; "
+            "mods = sorted(m.name for m in pkgutil.iter_modules(p.__path__)); "
+            "[importlib.import_module('mcore_dapo.verl_plugin.' + m) for m in mods if m != 'enable']; "
+            "print('verl' in sys.modules, 'megatron' in sys.modules, "
+            "[e.value for e in md.entry_points(group='verl.plugins') if e.name == 'mcore_dapo'], 'enable' in mods)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["False", "False", "['mcore_dapo.verl_plugin.enable']", "True"]
+
+
 def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
     """The device class keeps what every device shares; verl's ``cpu`` device gets the subclass that tells load
     from offload; the audit harness is neither imported nor installed without the engine hook naming it."""

@@ -1,7 +1,8 @@
 """verl plugin: ``actor_rollout_ref.actor.strategy=megatron`` on this project's Megatron path.
 
-verl imports this module (entry point group ``verl.plugins``) at ``import verl``.
-It does light work only, and never imports Megatron (MindSpeed must come first on Ascend):
+Importing this package, or any module of it, registers nothing and does not import verl. verl imports
+:mod:`.enable` (entry point group ``verl.plugins``) at ``import verl``; that import does light work only, and
+never imports Megatron (MindSpeed must come first on Ascend):
 
 * checks verl's version against :data:`mcore_dapo.versions.SUPPORTED_VERL` (a warning here; the
   checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error; the
@@ -23,50 +24,8 @@ The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <over
 
 from __future__ import annotations
 
-import logging
-import sys
-
 from mcore_dapo.versions import SUPPORTED_VERL, version_in
-
-log = logging.getLogger(__name__)
 
 
 def verl_version_ok(version: str) -> bool:
     return version_in(version, SUPPORTED_VERL)
-
-
-def _on_import() -> None:
-    try:
-        import verl
-    except ImportError:
-        return
-    if not verl_version_ok(getattr(verl, "__version__", "0")):
-        if "mcore_dapo.verl_plugin.main_dapo" not in getattr(sys, "orig_argv", []):  # that one refuses in one line
-            from mcore_dapo.verl_plugin.config_checks import unsupported_verl
-
-            log.warning("%s: plugin not enabled", unsupported_verl(verl.__version__, SUPPORTED_VERL))
-        return
-    from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
-
-    rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
-    from mcore_dapo.patching.import_hooks import after_import
-    from mcore_dapo.verl_cpu import platform, rollout
-    from mcore_dapo.verl_plugin.engine import register_when_imported
-
-    platform.register()
-    _apply_verl_patches()
-    register_when_imported()
-    after_import("verl.workers.rollout", rollout.register)
-
-
-def _apply_verl_patches() -> None:
-    """The registry's verl patches for the host's device (the ``cpu`` platform applies its own when it registers:
-    :func:`mcore_dapo.verl_cpu.platform.register`)."""
-    from mcore_dapo.devices import detect
-    from mcore_dapo.patching import apply, load_implementations
-
-    load_implementations()
-    apply(detect(), package="verl")
-
-
-_on_import()
