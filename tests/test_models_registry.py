@@ -86,3 +86,21 @@ def test_an_unknown_architecture_is_one_line(tmp_path):
 def test_an_architecture_is_registered_once(fake_model):
     with pytest.raises(ValueError, match=f"architecture {FAKE_ARCH} is registered already"):
         register(dataclasses.replace(fake_model, name="other"))
+
+
+def test_model_knowledge_is_asked_of_get_model_outside_the_models_folder():
+    """Expert slicing, the router's name and the rest of a family's knowledge are the spec's: no module outside
+    bridge/models/ imports a model's folder or spells its router's module name (text of every module)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "mcore_dapo"
+    found = []
+    for f in sorted(root.rglob("*.py")):
+        rel = f.relative_to(root.parent).as_posix()
+        if rel.startswith("mcore_dapo/bridge/models/"):
+            continue
+        for i, line in enumerate(f.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if "bridge.models.qwen3" in code or '"mlp.gate"' in code or "'mlp.gate'" in code:
+                found.append(f"{rel}:{i}: {line.strip()}")
+    assert not found, "\n".join(found)

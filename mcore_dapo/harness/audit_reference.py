@@ -236,10 +236,13 @@ def weights_after(folder: Path, adam: ReferenceAdam) -> dict:
     main weights after the same step: the share of elements more than one step of the engine dtype's
     spacing away (rounding to it alone is half a step), the largest difference, and the share of the
     engine's weights the update moved (``hf`` against ``hf-after``)."""
-    from mcore_dapo.bridge.models.qwen3.table import hub_slices
+    import json
+
+    from mcore_dapo.bridge.models import get_model
     from mcore_dapo.harness.verl_dapo import beyond_one_step
     from mcore_dapo.io.hf_reader import HFReader
 
+    hub_slices = get_model(json.loads((folder / "hf" / "config.json").read_text())).hub_slices
     beyond = moved = total = 0
     worst = 0.0
     with HFReader(folder / "hf-after") as after, HFReader(folder / "hf") as pre:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from mcore_dapo.bridge import Bridge, Layout
-from mcore_dapo.bridge.models.qwen3.table import hub_slices
+from mcore_dapo.resharding.receivers import hub_slices_of
 from mcore_dapo.runtime.launch import peak_rss_mb
 
 
@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     info = parallel_info()
     hf = AutoModelForCausalLM.from_pretrained(a.hf_path, dtype=torch.bfloat16)
     # transformers 5 holds experts fused in memory; the bridge gives back the hub names
+    hub_slices = hub_slices_of(hf)
     state = {hub: t[index] for name, t in hf.state_dict().items()
              for hub, index in hub_slices(name, tuple(t.shape)).items()}
     chunks, _ = build_model(bridge, adapter, dtype="bf16")

@@ -126,9 +126,10 @@ def hf_reference_grads(hf_path: str | Path, tokens, labels, padded_vocab: int | 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.bridge.models.qwen3.table import hub_slices
+    from mcore_dapo.resharding.receivers import hub_slices_of
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_path), dtype=torch.float32, attn_implementation="eager")
+    hub_slices = hub_slices_of(model)
     model.train()
     logits = model(input_ids=tokens, attention_mask=attention_mask).logits.float()
     if padded_vocab:

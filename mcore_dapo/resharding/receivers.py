@@ -5,7 +5,7 @@ HF transformers Qwen3 / Qwen3-MoE model the same interface (the rollout side
 of the CPU tests, and a reference consumer). transformers 5 holds the experts
 of a layer fused in memory while the names sent are the hub's per-expert ones;
 the receiver maps each hub name to its slice of the fused parameter
-(:func:`mcore_dapo.bridge.models.qwen3.table.hub_slices`). Models with per-expert modules
+(the model's ``hub_slices``, :func:`mcore_dapo.bridge.models.get_model`). Models with per-expert modules
 (transformers 4) map one to one.
 
 Optional methods that :func:`~mcore_dapo.resharding.transfer.sync_weights` uses
@@ -21,7 +21,7 @@ from typing import Iterable
 
 import torch
 
-from mcore_dapo.bridge.models.qwen3.table import hub_slices
+from mcore_dapo.bridge.models import get_model
 from mcore_dapo.errors import UserError
 
 
@@ -34,7 +34,13 @@ class _Target:
         return self.param.data[self.index]
 
 
+def hub_slices_of(model: torch.nn.Module):
+    """The ``hub_slices`` of an HF model's family (its config's architectures, else its model_type)."""
+    return get_model(model.config.to_dict()).hub_slices
+
+
 def _targets(model: torch.nn.Module) -> dict[str, _Target]:
+    hub_slices = hub_slices_of(model)
     return {hub: _Target(p, index) for name, p in model.named_parameters()
             for hub, index in hub_slices(name, tuple(p.shape)).items()}
 

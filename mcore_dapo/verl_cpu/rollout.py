@@ -85,8 +85,11 @@ class RouteRecorder:
 
 
 def moe_gates(model) -> list:
-    """The top-k routers of an HF Qwen3-MoE model, by layer (dense layers have none)."""
-    return [m for name, m in model.named_modules() if name.endswith("mlp.gate") and hasattr(m, "top_k")]
+    """The top-k routers of an HF MoE model, by layer (dense layers have none): its family's router modules."""
+    from mcore_dapo.bridge.models import get_model
+
+    router = get_model(model.config.to_dict()).hf_router
+    return [m for name, m in model.named_modules() if name.endswith(router) and hasattr(m, "top_k")]
 
 
 def sample(model, prompt_ids: list[int], max_tokens: int, *, temperature: float = 1.0, top_p: float = 1.0,

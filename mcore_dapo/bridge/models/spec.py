@@ -40,7 +40,8 @@ class ModelSpec:
       the generic ones (sizes, layout, dtype, dispatcher) are :mod:`mcore_dapo.bridge.megatron_config`'s;
     * ``gpt_model(cfg)``: the model's own GPTModel arguments (position embedding);
     * ``activation``: the name of the MLP's activation in ``torch.nn.functional``;
-    * ``vllm``: :class:`VllmLayout`.
+    * ``vllm``: :class:`VllmLayout`;
+    * ``hf_router``: the name ending of an MoE layer's router module in the HF model (its top-k gate).
     """
 
     name: str
@@ -54,3 +55,4 @@ class ModelSpec:
     gpt_model: Callable
     activation: str
     vllm: VllmLayout
+    hf_router: str = "mlp.gate"

@@ -21,4 +21,5 @@ SPEC = register(ModelSpec(
     gpt_model=megatron.gpt_model,
     activation=megatron.ACTIVATION,
     vllm=VllmLayout(vllm.fuse, vllm.PADDED_VOCAB, vllm.STACKED),
+    hf_router="mlp.gate",
 ))
