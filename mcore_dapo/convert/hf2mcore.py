@@ -52,7 +52,7 @@ def run(a) -> dict:
 
     from mcore_dapo.io.dist_ckpt import save_dist_checkpoint
     from mcore_dapo.io.hf_reader import HFReader
-    from mcore_dapo.runtime.model import build_model, local_params
+    from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
@@ -64,26 +64,27 @@ def run(a) -> dict:
     reader = HFReader(a.hf_path)
     dtype = checkpoint_dtype(reader) if a.dtype == "auto" else a.dtype
     chunks, _ = build_model(bridge, adapter, dtype=dtype)
-    params = list(local_params(chunks, bridge, info))
     sums: dict[str, str] = {}
     read_bytes = 0
-    bar = tqdm(params, desc="hf2mcore", unit="tensor", disable=not (a.progress and info.rank == 0), file=sys.stderr)
+    bars = []
+
+    def progress(params):
+        bars.append(tqdm(params, desc="hf2mcore", unit="tensor", disable=not (a.progress and info.rank == 0),
+                         file=sys.stderr))
+        return bars[-1]
+
+    def record(lp, rank, hf):
+        nonlocal read_bytes
+        read_bytes += sum(t.numel() * t.element_size() for t in hf)
+        if rank == 0:  # the first rank of each split group records the checksums (replicas agree: same bytes)
+            for name, t in zip(lp.resolved.hf, hf):
+                sums[name] = output.checksum(t)
+
     with torch.no_grad():
-        for lp in bar:
-            m = lp.resolved.mapping
-            rank, size = info.group_rank(m.group)
-            hf = [reader.get(h) for h in lp.resolved.hf]
-            read_bytes += sum(t.numel() * t.element_size() for t in hf)
-            shard = m.to_megatron(hf, rank, size, bridge.dims)
-            if tuple(shard.shape) != tuple(lp.param.shape):
-                raise RuntimeError(f"{lp.resolved.megatron}: shard {tuple(shard.shape)} vs param {tuple(lp.param.shape)}")
-            lp.param.data.copy_(shard.to(lp.param.dtype))
-            # the first rank of each split group records the checksums (replicas agree: same bytes)
-            if rank == 0:
-                for name, t in zip(lp.resolved.hf, hf):
-                    sums[name] = output.checksum(t)
+        load_hf_weights(chunks, bridge, reader, info, progress=progress, on_tensor=record)
     reader.close()
-    bar.close()
+    for bar in bars:
+        bar.close()
     t_read = time.time() - t0
     key_layout = save_dist_checkpoint(chunks, partial)
     gathered = [None] * info.world_size

@@ -154,10 +154,13 @@ def local_params(chunks: list[torch.nn.Module], bridge: Bridge, info: ParallelIn
 
 
 @torch.no_grad()
-def load_hf_weights(chunks, bridge: Bridge, reader, info: ParallelInfo) -> int:
-    """Copy this rank's shard of every parameter from the HF checkpoint; returns the count loaded."""
+def load_hf_weights(chunks, bridge: Bridge, reader, info: ParallelInfo, progress=None, on_tensor=None) -> int:
+    """Copy this rank's shard of every parameter from the HF checkpoint; returns the count loaded. The one load
+    loop of the project (the engine's start, ``mcore-convert hf2mcore``, the checks): ``progress`` wraps the list
+    of this rank's parameters (a progress bar); ``on_tensor(lp, group_rank, hf_tensors)`` follows each copy."""
     n = 0
-    for lp in local_params(chunks, bridge, info):
+    params = list(local_params(chunks, bridge, info))
+    for lp in (progress(params) if progress is not None else params):
         m = lp.resolved.mapping
         rank, size = info.group_rank(m.group)
         hf = [reader.get(h) for h in lp.resolved.hf]
@@ -168,5 +171,7 @@ def load_hf_weights(chunks, bridge: Bridge, reader, info: ParallelInfo) -> int:
                 f"from {', '.join(lp.resolved.hf)}, the model built from config.json has {tuple(lp.param.shape)}"
             )
         lp.param.data.copy_(shard.to(dtype=lp.param.dtype, device=lp.param.device))
+        if on_tensor is not None:
+            on_tensor(lp, rank, hf)
         n += 1
     return n
