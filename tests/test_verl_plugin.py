@@ -458,7 +458,7 @@ def test_packing_and_attention_backend_are_the_devices_answers():
     assert _attention_backend({"attention_backend": "flash"}, get_adapter("cpu")) == {"attention_backend": AttnBackend.local}
     assert _attention_backend({"attention_backend": "flash"}, get_adapter("cuda")) == {"attention_backend": AttnBackend.flash}
     assert _attention_backend({}, get_adapter("cpu")) == {}
-    with pytest.raises(UserError, match="attention_backend='flashy' is not one of"):
+    with pytest.raises(UserError, match="attention_backend='flashy' is not accepted: accepted are"):
         _attention_backend({"attention_backend": "flashy"}, get_adapter("cuda"))
 
 

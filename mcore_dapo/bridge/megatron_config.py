@@ -181,11 +181,18 @@ def build_transformer_config(cfg: HFModelConfig, layout: Layout, overrides: dict
         kw["params_dtype"] = getattr(torch, kw["params_dtype"])
     kw["pipeline_dtype"] = kw["params_dtype"]
     kw["activation_func"] = getattr(F, get_model(cfg).activation)
-    if isinstance(kw.get("attention_backend"), str):  # verl's spelling, and the device adapters' fast paths
-        from megatron.core.transformer.enums import AttnBackend
-
-        name = kw["attention_backend"]
-        if name not in AttnBackend.__members__:
-            raise UserError(f"attention_backend={name!r} is not accepted: accepted are {', '.join(AttnBackend.__members__)}")
-        kw["attention_backend"] = AttnBackend[name]
+    if kw.get("attention_backend") is not None:  # verl's spelling, and the device adapters' fast paths
+        kw["attention_backend"] = attn_backend(kw["attention_backend"])
     return TransformerConfig(**kw)
+
+
+def attn_backend(value, key: str = "attention_backend"):
+    """Megatron's ``AttnBackend`` for a name (verl's spelling, a string such as ``flash``) or the enum itself;
+    the one conversion of the project. An unknown name: one line naming ``key`` and the accepted names."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    if not isinstance(value, str):
+        return value
+    if value not in AttnBackend.__members__:
+        raise UserError(f"{key}={value!r} is not accepted: accepted are {', '.join(AttnBackend.__members__)}")
+    return AttnBackend[value]

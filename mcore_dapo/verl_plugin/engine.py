@@ -256,17 +256,10 @@ def _build_tf_config(engine) -> None:
 def _attention_backend(fields: dict, adapter) -> dict:
     """verl spells ``attention_backend`` as a string (default ``flash``); Megatron wants the enum,
     and the device says which kernel runs for it (the local one on the CPU)."""
-    from megatron.core.transformer.enums import AttnBackend
-
-    from mcore_dapo.errors import UserError
+    from mcore_dapo.bridge.megatron_config import attn_backend
 
     fields = dict(fields)
-    backend = fields.get("attention_backend")
-    if isinstance(backend, str):
-        if backend not in AttnBackend.__members__:
-            raise UserError(f"override_transformer_config.attention_backend={backend!r} is not one of "
-                            f"{', '.join(AttnBackend.__members__)}")
-        backend = AttnBackend[backend]
+    backend = attn_backend(fields.get("attention_backend"), "override_transformer_config.attention_backend")
     backend = adapter.attention_backend(backend)
     if backend is not None:
         fields["attention_backend"] = backend
