@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mcore_dapo.harness import math_task
-from mcore_dapo.harness.tiny_dapo import IM_END, NEWLINE, PAD
+from mcore_dapo.harness.tiny import IM_END, NEWLINE, PAD
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ teaches it the answer form in a few seconds of plain supervised training on the 
 are right with probability :data:`P_TEACH` (0.5: independent of the prompt). Sampled at temperature
 1 it answers ``Answer: 0`` or ``Answer: 1`` and is right about half the time, so nearly every group
 of responses mixes right and wrong (what filter_groups keeps); the rule itself (the parity of ``d``)
-is left for RL to learn. The tokenizer keeps the conventions of :mod:`mcore_dapo.harness.tiny_dapo`
+is left for RL to learn. The tokenizer is :func:`mcore_dapo.harness.tiny.chatml_tokenizer`
 (``<|im_end|>`` = eos = id 254, ``<|endoftext|>`` = pad = id 255, ``\\n`` = 253, its chat template);
 the trainer runs of :mod:`mcore_dapo.harness.tiny_dapo` train on these files with verl's default reward.
 """
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from mcore_dapo.harness.tiny_dapo import IM_END, NEWLINE, PAD, VLLM_HEAD_DIM, WORDS, chatml_tokenizer
+from mcore_dapo.harness.tiny import IM_END, NEWLINE, PAD, VLLM_HEAD_DIM, WORDS, chatml_tokenizer
 
 FILLER = 6
 DIGITS = [str(d) for d in range(10)]

@@ -5,6 +5,33 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+# the word-level ChatML tokenizer of the tiny trainer runs (harness/tiny_dapo.py, harness/math_task.py)
+WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
+
+
+def chatml_tokenizer(words: list[str]):
+    """A word-level tokenizer: ``words`` (253 of them) for ids 0 .. 252 plus the ChatML pieces verl's Qwen
+    handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn, ``<|endoftext|>`` as pad). Words
+    split at whitespace only, so that a word may hold punctuation (``Answer:``); an unknown word reads as the
+    first one."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if len(set(words)) != WORDS:
+        raise ValueError(f"chatml_tokenizer needs {WORDS} distinct words, got {len(set(words))}")
+    vocab = {w: i for i, w in enumerate(words)}
+    vocab.update({"\n": NEWLINE, "<|im_end|>": IM_END, "<|endoftext|>": PAD})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True),
+                            AddedToken("\n", special=False, normalized=False)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = ("{% for m in messages %}{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    return fast
+
+
+VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
+
 # Small enough for a 2-core CPU, shaped so that every layout of the tests is legal:
 # 4 KV groups (TP 1/2/4), 8 experts (EP 1/2/4/8), expert ffn 32 (ETP 1/2/4), 4 layers (PP 1/2/4).
 TINY_MOE = dict(

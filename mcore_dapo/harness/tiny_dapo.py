@@ -31,32 +31,7 @@ from mcore_dapo.resources import common_script, device_script
 # 3 tokens) all pay the dapo reward manager's overlong penalty, 0.1 each, which scores below -1 show
 MAX_PROMPT, MAX_RESPONSE, OVERLONG = 16, 12, 10
 TRAIN_BSZ, N = 4, 4
-WORDS, NEWLINE, IM_END, PAD = 253, 253, 254, 255
-
-
-def chatml_tokenizer(words: list[str]):
-    """A word-level tokenizer: ``words`` (253 of them) for ids 0 .. 252 plus the ChatML pieces verl's Qwen
-    handling relies on (``\\n`` as one token, ``<|im_end|>`` as end of turn, ``<|endoftext|>`` as pad). Words
-    split at whitespace only, so that a word may hold punctuation (``Answer:``); an unknown word reads as the
-    first one."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    if len(set(words)) != WORDS:
-        raise ValueError(f"chatml_tokenizer needs {WORDS} distinct words, got {len(set(words))}")
-    vocab = {w: i for i, w in enumerate(words)}
-    vocab.update({"\n": NEWLINE, "<|im_end|>": IM_END, "<|endoftext|>": PAD})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=words[0]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([AddedToken("<|im_end|>", special=True), AddedToken("<|endoftext|>", special=True),
-                            AddedToken("\n", special=False, normalized=False)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.chat_template = ("{% for m in messages %}{{ m['content'] }}<|im_end|>\n{% endfor %}")
-    return fast
-
-
 ROLLOUTS = ("hf_cpu", "vllm")
-VLLM_HEAD_DIM = 32  # vLLM's CPU attention refuses the tiny default of 16
 
 
 REPLAY_MODES = ("off", "R2", "R3")  # --router-replay; the mode itself is the scripts' ROUTER_REPLAY
