@@ -599,6 +599,7 @@ class Migration:
     lines: list[Line]
     differs: dict[str, tuple[str | None, str | None]]  # key: (the user's value, the launch script's)
     exports: dict[str, str]
+    own_layout: bool = False  # the script set Megatron sizes itself: kept, the planner's layout only named
 
     @property
     def overrides(self) -> list[str]:
@@ -609,7 +610,9 @@ class Migration:
                f"# {self.script} for verl 0.9.1 on the Megatron path (mcore_dapo's verl plugin), written by",
                f"#   mcore-dapo migrate {' '.join(shlex.quote(a) for a in args)}",
                "# Check it without Ray or devices:  DRY_RUN=1 bash THIS_SCRIPT",
-               f"# Layout: {self.plan.layout} (peak {self.plan.fits_gib:.0f} GiB a device, the planner's estimate), the best of",
+               (f"# Layout: the script's own Megatron sizes, kept; the planner's best here is {self.plan.layout}, of"
+                if self.own_layout else
+                f"# Layout: {self.plan.layout} (peak {self.plan.fits_gib:.0f} GiB a device, the planner's estimate), the best of"),
                f"#   {self.plan.command}",
                f"#   trainer mode {self.plan.mode} (ASYNC={self.plan.mode} of the project's launch scripts)",
                f"# Settings of configs/{self.recipe} (the project's launch for this device) that the script did not",
@@ -628,7 +631,9 @@ class Migration:
                 f"    export MCORE_DAPO_MODEL_CONFIG=\"${{MCORE_DAPO_MODEL_CONFIG:-{model_config()}}}\"",
                 "fi", "", "ARGS=("]
         titles = {"kept": "the script's settings", "renamed": "renamed for verl 0.9.1's Megatron path",
-                  "dropped": "dropped", "layout": f"layout: {self.plan.layout}, from {self.plan.command}",
+                  "dropped": "dropped",
+                  "layout": "layout: the script's own" if self.own_layout else
+                  f"layout: {self.plan.layout}, from {self.plan.command}",
                   "added": f"added: configs/{self.recipe}'s settings the script did not have"}
         for section in ("kept", "renamed", "dropped", "layout", "added"):
             group = [x for x in self.lines if x.section == section]
@@ -660,8 +665,12 @@ def migrate(script: str | Path, device: str | None = None, model: str | None = N
         device = PLAN_DEVICE[trainer_device]
     p = plan_for(kept, device, model)
     mine = {split_override(o)[1]: split_override(o)[2] for o in kept}
-    lines = [x for x in lines if x.override is None or not LAYOUT_KEY.match(split_override(x.override)[1])]
-    lines += [Line(o, section="layout") for o in p.overrides]
+    # a script that already sets Megatron sizes keeps them (the planner's best is named beside them)
+    own_layout = [x for x in lines if x.override is not None and LAYOUT_KEY.match(split_override(x.override)[1])]
+    for x in own_layout:
+        x.section = "layout"
+    if not own_layout:
+        lines += [Line(o, section="layout") for o in p.overrides]
     recipe, theirs = recipe_overrides(device, kept, p)
     differs: dict[str, tuple[str | None, str | None]] = {}
     for o in theirs:
@@ -676,7 +685,7 @@ def migrate(script: str | Path, device: str | None = None, model: str | None = N
     for key, value in mine.items():
         if key not in recipe_keys and not LAYOUT_KEY.match(key):
             differs[key] = (value, None)
-    return Migration(launch.source, p, recipe, lines, differs, launch.exports)
+    return Migration(launch.source, p, recipe, lines, differs, launch.exports, bool(own_layout))
 
 
 def write_atomically(path: str | Path, text: str) -> None:
@@ -697,7 +706,8 @@ def main(a) -> int:
     text = m.render([a.script] + (["--device", a.device] if a.device else []))
     if a.json:
         print(json.dumps({"overrides": m.overrides, "differs": {k: list(v) for k, v in m.differs.items()},
-                          "layout": m.plan.layout, "mode": m.plan.mode, "recipe": m.recipe}))
+                          "layout": m.plan.layout, "own_layout": m.own_layout, "mode": m.plan.mode,
+                          "recipe": m.recipe}))
     if a.out:
         write_atomically(a.out, text)
         print(f"wrote {a.out}: {len(m.overrides)} overrides, layout {m.plan.layout}, trainer mode {m.plan.mode}; "

@@ -225,7 +225,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, text, line):
 
 def test_an_overrides_file_migrates(tmp_path):
     """A file of key=value overrides (no script around them) is read as the overrides; its strategy is
-    rewritten and an FSDP key renamed."""
+    rewritten and an FSDP key renamed; Megatron sizes it sets itself are kept, not the planner's."""
     (tmp_path / "o.txt").write_text("actor_rollout_ref.actor.strategy=fsdp\n# offload\n"
                                     "actor_rollout_ref.actor.fsdp_config.param_offload=True\ntrainer.nnodes=4\n")
     r = mcore_dapo("migrate", str(tmp_path / "o.txt"), "--device", "h100", "--json")
@@ -234,3 +234,10 @@ def test_an_overrides_file_migrates(tmp_path):
     assert "actor_rollout_ref.actor.strategy=megatron" in got
     assert "actor_rollout_ref.actor.megatron.param_offload=True" in got
     assert not [o for o in got if "fsdp_config" in o]
+    (tmp_path / "o.txt").write_text("actor_rollout_ref.actor.strategy=megatron\ntrainer.nnodes=4\n"
+                                    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4\n")
+    r = mcore_dapo("migrate", str(tmp_path / "o.txt"), "--device", "h100", "--json")
+    assert r.returncode == 0, r.stderr
+    out = __import__("json").loads(r.stdout.splitlines()[0])
+    sizes = [o for o in out["overrides"] if ".megatron." in o and "_parallel_size=" in o]
+    assert out["own_layout"] and sizes == ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"], sizes
