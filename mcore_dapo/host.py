@@ -11,16 +11,28 @@ import os
 NVIDIA_DRIVER = "/proc/driver/nvidia"
 
 
+def has_torch_npu() -> bool:
+    """torch_npu is installed: an Ascend host (the NPU adapter's detect)."""
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def cuda_usable() -> bool:
+    """A CUDA build of torch sees a GPU here (the CUDA adapter's detect)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.version.cuda is not None
+
+
 def detect() -> str:
     """npu when torch_npu is installed; cuda when CUDA is usable here, or when torch is a CUDA build on a host
     with an NVIDIA driver (a process whose CUDA_VISIBLE_DEVICES hides every device, such as a CPU-only Ray actor
     on a GPU node, is on a CUDA host, where verl's platform stays ``nvidia``); else cpu (a CUDA build of torch on
     a host without a GPU, the Ascend stack's torch 2.7.1 here, computes on the CPU)."""
-    if importlib.util.find_spec("torch_npu") is not None:
+    if has_torch_npu():
         return "npu"
     import torch
 
-    if torch.version.cuda is not None and (torch.cuda.is_available() or os.path.exists(NVIDIA_DRIVER)):
+    if cuda_usable() or (torch.version.cuda is not None and os.path.exists(NVIDIA_DRIVER)):
         return "cuda"
     return "cpu"
 

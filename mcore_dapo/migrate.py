@@ -130,11 +130,13 @@ def split_override(o: str) -> tuple[str, str, str]:
 
 
 def value_of(overrides: list[str], key: str) -> str | None:
+    """The value the last override of ``key`` sets (``+``/``~`` prefixes and quotes stripped), None without one;
+    also the plugin's rewrite of the overrides (:mod:`mcore_dapo.verl_plugin.overrides`)."""
     found = None
     for o in overrides:
-        _, k, v = split_override(o)
-        if k == key:
-            found = v
+        k, sep, v = o.lstrip("+~").partition("=")
+        if sep and k == key:
+            found = v.strip("'\"")
     return found
 
 
@@ -246,15 +248,23 @@ class _Shell:
         return "$", i + 1
 
     def expand_text(self, s: str) -> str:
-        out, i = [], 0
-        while i < len(s):
-            if s[i] == "$":
+        return self.expand_until(s, 0, None)[0]
+
+    def expand_until(self, s: str, i: int, stop: str | None) -> tuple[str, int]:
+        """``s`` from ``i`` up to ``stop`` (or the end) as bash expands a double-quoted word: ``$`` forms and the
+        backslash escapes of ``" \\ $ ` ``; (text, index of ``stop`` or ``len(s)``)."""
+        out = []
+        while i < len(s) and s[i] != stop:
+            if s[i] == "\\" and i + 1 < len(s) and s[i + 1] in '"\\$`':
+                out.append(s[i + 1])
+                i += 2
+            elif s[i] == "$":
                 t, i = self.dollar(s, i)
                 out.append(t)
             else:
                 out.append(s[i])
                 i += 1
-        return "".join(out)
+        return "".join(out), i
 
     def words(self, s: str) -> list[str]:
         words, cur, have, i = [], [], False, 0
@@ -279,20 +289,10 @@ class _Shell:
                 cur.append(s[i + 1:j])
                 have, i = True, j + 1
             elif c == '"':
-                j, buf = i + 1, []
-                while j < len(s) and s[j] != '"':
-                    if s[j] == "\\" and j + 1 < len(s) and s[j + 1] in '"\\$`':
-                        buf.append(s[j + 1])
-                        j += 2
-                    elif s[j] == "$":
-                        t, j = self.dollar(s, j)
-                        buf.append(t)
-                    else:
-                        buf.append(s[j])
-                        j += 1
+                text, j = self.expand_until(s, i + 1, '"')
                 if j >= len(s):
                     raise self._fail("unterminated double quote")
-                cur.append("".join(buf))
+                cur.append(text)
                 have, i = True, j + 1
             elif c == "\\":
                 if i + 1 < len(s) and s[i + 1] != "\n":
@@ -454,8 +454,8 @@ def rewrite(overrides: list[str]) -> tuple[list[Line], list[str]]:
         else:
             plus = "+" if rule.add else ""
             lines.append(Line(f"{plus}{new}={value}", f"was {key}: {rule.why}", "renamed"))
-    if any(rule_for(split_override(o)[1]) and split_override(o)[1].startswith("reward_model.overlong_buffer.")
-           for o in overrides) and value_of(overrides, "+reward.reward_kwargs.max_resp_len") is None:
+    if any(split_override(o)[1].startswith("reward_model.overlong_buffer.") for o in overrides) \
+            and value_of(overrides, "reward.reward_kwargs.max_resp_len") is None:
         resp = value_of(overrides, "data.max_response_length")
         if resp is not None:
             lines.append(Line(f"+reward.reward_kwargs.max_resp_len={resp}", "the DAPO reward manager's overlong "

@@ -80,8 +80,8 @@ def _validated(a) -> None:
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
     replay_overrides(a.router_replay, a.rollout_dtype, a.rollout)  # its one-line refusals, before anything runs
     tracker = Path(a.workdir) / "checkpoints" / TRACKER
-    done = str(resumed_from(a.workdir) or "")
-    if done.isdigit() and int(done) >= a.steps:
+    done = resumed_from(a.workdir)
+    if done is not None and done >= a.steps:
         from mcore_dapo.errors import UserError
 
         raise UserError(f"--workdir {a.workdir} holds a checkpoint of step {done}: the scripts resume from it "

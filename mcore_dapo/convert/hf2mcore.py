@@ -66,12 +66,9 @@ def run(a) -> dict:
     chunks, _ = build_model(bridge, adapter, dtype=dtype)
     sums: dict[str, str] = {}
     read_bytes = 0
-    bars = []
-
-    def progress(params):
-        bars.append(tqdm(params, desc="hf2mcore", unit="tensor", disable=not (a.progress and info.rank == 0),
-                         file=sys.stderr))
-        return bars[-1]
+    def progress(params):  # tqdm closes the bar when the iteration ends
+        return tqdm(params, desc="hf2mcore", unit="tensor", disable=not (a.progress and info.rank == 0),
+                    file=sys.stderr)
 
     def record(lp, rank, hf):
         nonlocal read_bytes
@@ -83,8 +80,6 @@ def run(a) -> dict:
     with torch.no_grad():
         load_hf_weights(chunks, bridge, reader, info, progress=progress, on_tensor=record)
     reader.close()
-    for bar in bars:
-        bar.close()
     t_read = time.time() - t0
     key_layout = save_dist_checkpoint(chunks, partial)
     gathered = [None] * info.world_size

@@ -10,6 +10,7 @@ import importlib.util
 
 from mcore_dapo.devices.base import DeviceAdapter
 from mcore_dapo.devices.spec import te_compatible_keys
+from mcore_dapo.host import cuda_usable
 
 
 # The Transformer Engine the CUDA recipe installs: the lower bound of the `cuda` extra (pyproject.toml)
@@ -62,9 +63,7 @@ class CudaAdapter(DeviceAdapter):
 
     @classmethod
     def detect(cls) -> bool:
-        import torch
-
-        return torch.cuda.is_available() and torch.version.cuda is not None
+        return cuda_usable()
 
     def device(self, local_rank: int):
         import torch

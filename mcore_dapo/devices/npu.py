@@ -16,6 +16,7 @@ import importlib.util
 
 from mcore_dapo.devices.base import DeviceAdapter, StackRequirement, megatron_imported
 from mcore_dapo.errors import UserError
+from mcore_dapo.host import has_torch_npu
 
 ADAPTOR = "mindspeed.megatron_adaptor"
 
@@ -86,7 +87,7 @@ class NpuAdapter(DeviceAdapter):
 
     @classmethod
     def detect(cls) -> bool:
-        return importlib.util.find_spec("torch_npu") is not None
+        return has_torch_npu()
 
     def rollout_ray_resources(self) -> tuple[dict, dict]:
         # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES

@@ -187,8 +187,6 @@ LAYOUT_CLASSES = {
 }
 
 
-
-
 def script_layout(device: str) -> list[str]:
     """The LAYOUT array of ``configs/dapo_qwen3_30b_<device>.sh`` as bash builds it: the script's text from
     ``LAYOUT=()`` to its first ``export`` or ``source`` line (its environment and the launch)."""

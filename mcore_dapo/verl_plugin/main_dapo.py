@@ -49,7 +49,7 @@ def refuse_fsdp_keys(overrides: list[str]) -> None:
     replacements (mcore_dapo/migrate.py's table), before Hydra stops at the first."""
     from mcore_dapo.migrate import STRATEGY_KEY, fsdp_keys, value_of
 
-    if (value_of(overrides, STRATEGY_KEY) or "").strip("'\"") != "megatron":
+    if value_of(overrides, STRATEGY_KEY) != "megatron":
         return
     bad = fsdp_keys(overrides)
     if bad:

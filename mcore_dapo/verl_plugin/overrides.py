@@ -13,24 +13,15 @@ is megatron and no ``model_engine`` is given.
 from __future__ import annotations
 
 from mcore_dapo.errors import UserError
+from mcore_dapo.migrate import STRATEGY_KEY, value_of  # the one table of keys; imports no verl
 
-STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
 MAIN_MODULES = ("verl.trainer.main_ppo",)
-
-
-def _value(overrides: list[str], key: str) -> str | None:
-    found = None
-    for o in overrides:
-        k, sep, v = o.lstrip("+~").partition("=")
-        if sep and k == key:
-            found = v.strip("'\"")
-    return found
 
 
 def rewrite(overrides: list[str]) -> list[str]:
     """The overrides with ``model_engine=megatron`` added where the actor's strategy asks for it."""
-    strategy = _value(overrides, STRATEGY_KEY)
-    engine = _value(overrides, "model_engine")
+    strategy = value_of(overrides, STRATEGY_KEY)
+    engine = value_of(overrides, "model_engine")
     if strategy != "megatron":
         return list(overrides)
     if engine is None:
