@@ -89,14 +89,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _reference(hf_dir: Path, out: Path) -> Path:
-    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_dir), str(out)],
+    subprocess.run([sys.executable, "-m", "mcore_dapo_checks.tiny", "reference", str(hf_dir), str(out)],
                    check=True, capture_output=True, text=True)
     return out
 
 
 @pytest.fixture(scope="session")
 def tiny_moe(tmp_path_factory) -> Path:
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3-moe", seed=0)
 
@@ -108,7 +108,7 @@ def tiny_moe_ref(tiny_moe, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_dense(tmp_path_factory) -> Path:
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3", seed=1, model_type="qwen3")
 
@@ -126,15 +126,15 @@ def reference_config() -> Path:
 
 @pytest.fixture(scope="session")
 def dapo_trainer_run(request, tmp_path_factory):
-    """verl's trainer with the launch scripts' settings, 4 steps (:func:`mcore_dapo.harness.resume.trainer_run`):
+    """verl's trainer with the launch scripts' settings, 4 steps (:func:`mcore_dapo_checks.resume.trainer_run`):
     what tests/test_verl_trainer.py checks. Where tests/test_resume.py is selected too (the main stack), those 4
-    steps are the killed run's 1 and 2 and the resumed run's 3 and 4 (:func:`mcore_dapo.harness.resume.four_steps`,
+    steps are the killed run's 1 and 2 and the resumed run's 3 and 4 (:func:`mcore_dapo_checks.resume.four_steps`,
     the audit the reference chained across the kill; its ``pair`` is what test_resume.py checks): one pair of runs
     for both files, where an uninterrupted run beside them would train the same steps a third time. Elsewhere one
     uninterrupted run. Either way a dict: ``metrics`` (per step), ``audit``, ``work``, ``returncode``, ``error``,
     ``log_tail``, ``pair`` (None for the uninterrupted run)."""
-    from mcore_dapo.harness import resume
-    from mcore_dapo.harness.tiny_dapo import log_tail, read_metrics, run
+    from mcore_dapo_checks import resume
+    from mcore_dapo_checks.tiny_dapo import log_tail, read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo")
     if any(item.nodeid.startswith("tests/test_resume.py") for item in request.session.items):

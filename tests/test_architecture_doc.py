@@ -1,39 +1,47 @@
-"""docs/ARCHITECTURE.md's tree names every module of the package, and names no module that is not there.
+"""docs/ARCHITECTURE.md's trees name every module of the product package and of the verification package, and no
+module that is not there; the product never imports the verification package.
 
-The tree is the first code block under ``mcore_dapo/``: a package is an entry ``name/`` (its entries two
+A tree is the code block's part under ``mcore_dapo/`` (or ``mcore_dapo_checks/``): a package is an entry ``name/`` (its entries two
 columns further in), a module ``name.py`` in an entry or in the text of its package's entries; a path
 ``pkg/name.py`` whose first part is one of the package's folders names that module (other paths, such as
 ``megatron/core/fp8_utils.py``, are other projects' files). No Megatron, no process: text and files only.
 """
 
+import ast
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "mcore_dapo"
+CHECKS = ROOT / "mcore_dapo_checks"
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 MODULE = re.compile(r"(?<![\w./-])((?:[A-Za-z_]\w*/)*[A-Za-z_]\w*)\.py\b")
 FOLDERS = re.compile(r"^((?:[A-Za-z_]\w*/,?\s*)+)(?:\s{2,}|$)")
 
 
-def _tree() -> list[str]:
+def _tree(package: Path = PACKAGE) -> list[str]:
     text = DOC.read_text()
-    start = text.index("```\nmcore_dapo/\n") + len("```\nmcore_dapo/\n")
+    head = re.search(rf"^{package.name}/.*\n", text, re.M)
+    start = head.end()
     lines = []
     for line in text[start:].splitlines():
-        if not line.startswith(" "):  # patches/manifest.toml, configs/, tools/: outside the package
+        if not line.startswith(" "):  # the next package, patches/manifest.toml, configs/, tools/: outside it
             break
+        if line.startswith("   ") and not lines:  # the package's own description, continued
+            continue
         lines.append(line)
     return lines
 
 
-def named_in_doc() -> tuple[set[str], set[str]]:
-    """(modules, packages) the tree names, as paths relative to mcore_dapo/ (``bridge/layout.py``, ``bridge``)."""
-    top_folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+def named_in_doc(package: Path = PACKAGE) -> tuple[set[str], set[str]]:
+    """(modules, packages) the tree names, as paths relative to the package (``bridge/layout.py``, ``bridge``)."""
+    top_folders = {p.name for p in package.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
     modules: set[str] = set()
     packages: set[str] = set()
     stack = [(0, "")]  # (indent of the package's entry, its path)
-    for line in _tree():
+    for line in _tree(package):
         indent = len(line) - len(line.lstrip())
         while indent < stack[-1][0] + 2:  # an entry of an outer package
             stack.pop()
@@ -58,22 +66,61 @@ def named_in_doc() -> tuple[set[str], set[str]]:
     return modules, packages
 
 
-def on_disk() -> tuple[set[str], set[str]]:
-    modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+def on_disk(package: Path = PACKAGE) -> tuple[set[str], set[str]]:
+    modules = {str(p.relative_to(package)) for p in package.rglob("*.py")
                if p.name != "__init__.py" and "__pycache__" not in p.parts}
-    packages = {str(p.parent.relative_to(PACKAGE)) for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE}
+    packages = {str(p.parent.relative_to(package)) for p in package.rglob("__init__.py") if p.parent != package}
     return modules, packages
 
 
-def test_every_module_of_the_package_is_named_in_the_architecture_tree():
-    named, named_packages = named_in_doc()
-    modules, packages = on_disk()
+@pytest.mark.parametrize("package", [PACKAGE, CHECKS], ids=lambda p: p.name)
+def test_every_module_of_the_package_is_named_in_the_architecture_tree(package):
+    named, named_packages = named_in_doc(package)
+    modules, packages = on_disk(package)
     assert sorted(modules - named) == []
     assert sorted(packages - named_packages) == []
 
 
-def test_the_architecture_tree_names_no_module_that_does_not_exist():
-    named, named_packages = named_in_doc()
-    modules, packages = on_disk()
+@pytest.mark.parametrize("package", [PACKAGE, CHECKS], ids=lambda p: p.name)
+def test_the_architecture_tree_names_no_module_that_does_not_exist(package):
+    named, named_packages = named_in_doc(package)
+    modules, packages = on_disk(package)
     assert sorted(named - modules) == []
     assert sorted(named_packages - packages) == []
+
+
+def references_to(package: str, source: str) -> list[str]:
+    """Where a module's code reaches ``package``: its imports, and strings naming a module of it (``-m pkg.x``,
+    ``"pkg.x:attr"``, importlib's names); docstrings and comments are text, not a reach."""
+    tree = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            out += [f"line {n.lineno}: import {a.name}" for a in n.names if a.name.split(".")[0] == package]
+        elif isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == package:
+            out.append(f"line {n.lineno}: from {n.module} import ...")
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings \
+                and re.match(rf"{package}(\.|:|$)", n.value):
+            out.append(f"line {n.lineno}: {n.value!r}")
+    return out
+
+
+def test_the_product_never_reaches_the_verification_package():
+    found = {str(p.relative_to(ROOT)): r for p in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in p.parts
+             for r in [references_to(CHECKS.name, p.read_text())] if r}
+    assert found == {}
+
+
+def test_the_reach_check_sees_an_import_and_a_module_string():
+    # the check above on sources that do reach it: what it must see
+    assert references_to("mcore_dapo_checks", "from mcore_dapo_checks import demo\n") == \
+        ["line 1: from mcore_dapo_checks import ..."]
+    assert references_to("mcore_dapo_checks", "import mcore_dapo_checks.tiny as t\n") == \
+        ["line 1: import mcore_dapo_checks.tiny"]
+    assert references_to("mcore_dapo_checks", 'cmd = ["-m", "mcore_dapo_checks.logits"]\n') == \
+        ["line 1: 'mcore_dapo_checks.logits'"]
+    # text about it is not a reach
+    assert references_to("mcore_dapo_checks", '"""Run by mcore_dapo_checks.audit."""\nx = 1  # mcore_dapo_checks\n') == []

@@ -1,5 +1,5 @@
 """The background writer of checkpoints (mcore_dapo/io/async_save.py) on its own: 2 torchrun ranks, gloo on the
-CPU, megatron-core's persistent checkpoint worker (mcore_dapo.harness.check_async_save).
+CPU, megatron-core's persistent checkpoint worker (mcore_dapo_checks.check_async_save).
 
 * What is written is what the ranks held when the save was scheduled, though the tensor changes right after
   (the next update): the trainer copies a host tensor into shared memory before the worker gets it. Mutation:
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.ranks(2)
 
 @pytest.fixture(scope="module")
 def checked(tmp_path_factory):
-    return torchrun("mcore_dapo.harness.check_async_save", ["--work", str(tmp_path_factory.mktemp("async"))], 2,
+    return torchrun("mcore_dapo_checks.check_async_save", ["--work", str(tmp_path_factory.mktemp("async"))], 2,
                     timeout=600)
 
 

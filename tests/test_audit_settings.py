@@ -1,7 +1,7 @@
-"""The trainer audit's optimizer settings come from the launch, not from the engine (harness/audit_reference.py).
+"""The trainer audit's optimizer settings come from the launch, not from the engine (mcore_dapo_checks/audit_reference.py).
 
 The reference's Adam settings and learning rates are what the launch scripts' overrides configure: the overrides
-(:func:`mcore_dapo.harness.tiny_dapo.overrides`, the trainer run's) composed with verl's ``ppo_trainer`` config
+(:func:`mcore_dapo_checks.tiny_dapo.overrides`, the trainer run's) composed with verl's ``ppo_trainer`` config
 and mapped by verl's own ``init_megatron_optim_config``; the engine's are compared with them. Each check here
 is shown to fail on a mutated config. The weights the audit compares cannot tell a weight decay of 0.1 from 0
 nor a clip of 1 from 10 in a few updates (Adam's step is nearly independent of the gradient's scale, and the
@@ -20,7 +20,7 @@ import torch
 
 pytest.importorskip("verl")
 
-# what the engine's audit records for the launch scripts' settings (harness/audit.optimizer_settings), and
+# what the engine's audit records for the launch scripts' settings (mcore_dapo_checks/audit.optimizer_settings), and
 # the learning rates of the trainer run's 4 updates (tests/test_verl_trainer.py asserts the same)
 ENGINE = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08, "weight_decay": 0.1, "clip_grad": 1.0,
           "group_weight_decays": [0.0, 0.1]}
@@ -31,7 +31,7 @@ A = "actor_rollout_ref.actor.optim"
 @pytest.fixture(scope="module")
 def launch() -> list[str]:
     """The trainer run's overrides (tests/test_verl_trainer.py's: 4 steps, the H100 script's layout class)."""
-    from mcore_dapo.harness.tiny_dapo import overrides
+    from mcore_dapo_checks.tiny_dapo import overrides
 
     files = {"model": Path("/nonexistent/model"), "train": Path("/nonexistent/train.parquet"),
              "val": Path("/nonexistent/val.parquet")}
@@ -39,7 +39,7 @@ def launch() -> list[str]:
 
 
 def test_the_launch_configures_the_scripts_settings_and_megatrons_defaults(launch):
-    from mcore_dapo.harness.audit_reference import configured_optimizer, optimizer_failures, scheduled_lr
+    from mcore_dapo_checks.audit_reference import configured_optimizer, optimizer_failures, scheduled_lr
 
     s = configured_optimizer(launch)
     # configs/dapo/common.sh: weight_decay=0.1, clip_grad=1.0, lr_warmup_steps=10 and lr=1e-6, which the CPU run
@@ -70,7 +70,7 @@ MUTATIONS = [
 @pytest.mark.parametrize("change,named", MUTATIONS,
                          ids=["weight_decay", "clip_grad", "warmup", "lr", "override_adam_beta2", "betas"])
 def test_a_setting_that_differs_from_the_launch_is_a_failure(launch, change, named):
-    from mcore_dapo.harness.audit_reference import configured_optimizer, optimizer_failures, scheduled_lr
+    from mcore_dapo_checks.audit_reference import configured_optimizer, optimizer_failures, scheduled_lr
 
     s = configured_optimizer([*launch, change])
     failures = [f for k, lr in enumerate(ENGINE_LRS) for f in optimizer_failures(s, ENGINE, scheduled_lr(s, k), lr)]
@@ -78,7 +78,7 @@ def test_a_setting_that_differs_from_the_launch_is_a_failure(launch, change, nam
 
 
 def test_parameter_groups_that_decay_otherwise_are_a_failure(launch):
-    from mcore_dapo.harness.audit_reference import configured_optimizer, optimizer_failures
+    from mcore_dapo_checks.audit_reference import configured_optimizer, optimizer_failures
 
     s = configured_optimizer(launch)
     # Megatron's default weight decay (0.01) applied by the groups while the config says 0.1
@@ -89,7 +89,7 @@ def test_parameter_groups_that_decay_otherwise_are_a_failure(launch):
 def test_the_schedule_is_megatrons(launch):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    from mcore_dapo.harness.audit_reference import scheduled_lr
+    from mcore_dapo_checks.audit_reference import scheduled_lr
 
     s = {"lr": 1e-3, "min_lr": 1e-4, "lr_warmup_init": 0.0, "lr_warmup_steps": 2, "lr_decay_steps": 6}
     # by hand: warm-up 0, lr/2, lr; then min + (1 - (k - 2) / 4) * (lr - min) to k = 6; min after
@@ -122,10 +122,10 @@ def _touch(path: Path, when: float, text: str = "") -> None:
 
 
 def test_each_update_finds_its_runs_launch_across_a_kill(tmp_path):
-    from mcore_dapo.harness.audit_reference import launch_overrides, update_number
+    from mcore_dapo_checks.audit_reference import launch_overrides, update_number
 
     # a killed run (audit-killed: steps 1 and 2) and its resumed run (audit: loaded step 2, then steps 3 and 4),
-    # each with Hydra's record of its command line, chained as harness/resume.chained_reference chains them
+    # each with Hydra's record of its command line, chained as mcore_dapo_checks/resume.chained_reference chains them
     t = 1_000_000.0
     _touch(tmp_path / "outputs/d/10-00-00/.hydra/overrides.yaml", t, "- a=1\n")
     for i in range(2):
@@ -154,7 +154,7 @@ def updates(tmp_path_factory):
     """The tiny HF Qwen3-MoE and 4 real gradients of it (cross-entropy on random tokens), each of norm ~4."""
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     model = AutoModelForCausalLM.from_pretrained(
         str(make_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=0)), dtype=torch.float32).train()
@@ -173,7 +173,7 @@ def _norm(g: dict) -> float:
 
 
 def _chain(model, grads, settings, lrs) -> list[dict]:
-    from mcore_dapo.harness.audit_reference import ReferenceAdam
+    from mcore_dapo_checks.audit_reference import ReferenceAdam
 
     adam = ReferenceAdam(model, settings)
     out = []
@@ -186,7 +186,7 @@ def _chain(model, grads, settings, lrs) -> list[dict]:
 def _audit_bounds_reject(engine: list[dict], ref: list[dict], lrs) -> bool:
     """tests/test_verl_trainer.py's weight bounds over the chained updates: the engine's weights (bf16)
     against the reference's fp32 ones."""
-    from mcore_dapo.harness.verl_dapo import beyond_one_step
+    from mcore_dapo_checks.verl_dapo import beyond_one_step
 
     pytest.importorskip("transfer_queue")  # test_verl_trainer's own condition
     from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING
@@ -238,7 +238,7 @@ def test_a_gradient_scaled_by_two_fails_the_grad_norm_bound(updates):
 def test_an_audited_update_is_planned_from_its_launch(tmp_path, launch):
     from omegaconf import OmegaConf
 
-    from mcore_dapo.harness.audit_reference import planned_update
+    from mcore_dapo_checks.audit_reference import planned_update
 
     # a run's working folder as verl's trainer leaves it: Hydra's record, then the audit's update 2 (step-0001
     # after the checkpoint of step 1 was loaded) with the engine's record of it
@@ -266,7 +266,7 @@ def test_an_audited_update_is_planned_from_its_launch(tmp_path, launch):
 
 
 def test_groups_drawn_counts_trained_and_evicted_groups():
-    from mcore_dapo.harness.resume import groups_drawn
+    from mcore_dapo_checks.resume import groups_drawn
 
     # 4 steps of 4 groups, dynamic sampling evicting 1, none, 2 and none: 16 + 3 prompts taken from the loader
     metrics = [{"training/filter_groups/evicted_samples": 1.0}, {}, {"training/filter_groups/evicted_samples": 2.0},

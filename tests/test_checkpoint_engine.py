@@ -1,6 +1,6 @@
 """The gloo checkpoint engine (``mcore_dapo.verl_cpu.checkpoint_engine``, verl's weight transport for
 ``separate_async`` on a host without an accelerator) between real processes, as verl's CheckpointEngineManager
-drives it (``harness/check_checkpoint_engine.py``: two trainer ranks with a gloo group of their own, one rollout
+drives it (``mcore_dapo_checks/check_checkpoint_engine.py``: two trainer ranks with a gloo group of their own, one rollout
 rank, two syncs in one launch, each with its own process group as verl rebuilds one per sync): the tensors arrive
 bit for bit, over several buckets and a tensor split in chunks, while a trainer rank that yields another stream than
 rank 0 fails the sync naming it; a byte changed on the way fails the next sync before the consumer commits (the
@@ -16,7 +16,7 @@ pytest.importorskip("verl")
 
 @pytest.fixture(scope="module")
 def syncs(tmp_path_factory):
-    from mcore_dapo.harness.check_checkpoint_engine import run
+    from mcore_dapo_checks.check_checkpoint_engine import run
 
     r = run(tmp_path_factory.mktemp("checkpoint-engine"))
     assert all(e is None for e in r["exits"].values()), r["exits"]

@@ -73,7 +73,7 @@ def test_round_trip_is_bit_exact(tiny_moe, converted, tmp_path, layout, nproc_ba
 
 
 def test_bf16_round_trip_and_dense_model(tiny_dense, tmp_path):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     bf = make_tiny_model(tmp_path / "bf16", seed=3, dtype="bfloat16")
     m = hf2mcore(bf, tmp_path / "mc-bf", Layout(tp=2, ep=2), progress=False)
@@ -120,7 +120,7 @@ def test_checkpoint_keys_are_those_of_the_transformer_engine_spec(converted):
 def test_mixed_dense_and_moe_layers_round_trip_per_layer(tmp_path):
     from megatron.core import dist_checkpointing
 
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
     from mcore_dapo.megatron_compat import accepts
     from mcore_dapo.io.dist_ckpt import checkpoint_keys
 
@@ -150,7 +150,7 @@ def test_mixed_dense_and_moe_layers_round_trip_per_layer(tmp_path):
 ], ids=["layer-count", "dense-keys"])
 def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(tiny_moe, tmp_path, source,
                                                                                 message):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     other = make_tiny_model(tmp_path / "other", seed=2, **source)
     hf2mcore(other, tmp_path / "mcore", Layout(ep=1), progress=False)
@@ -163,7 +163,7 @@ def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(
 
 
 def test_verify_fails_on_a_different_checkpoint(tiny_moe, converted, tmp_path):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     mcore, _ = converted(Layout(ep=2))
     other = make_tiny_model(tmp_path / "other", seed=7)

@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from mcore_dapo.cli.main import run
-from mcore_dapo.harness import math_task
+from mcore_dapo_checks import math_task
 
 
 @pytest.fixture(scope="module")

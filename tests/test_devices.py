@@ -101,7 +101,7 @@ def test_importing_mcore_dapo_and_the_bridge_does_not_import_megatron():
     """So that MindSpeed can still be imported first on Ascend."""
     out = subprocess.run([sys.executable, "-c", (
         "import sys, mcore_dapo, mcore_dapo.bridge, mcore_dapo.devices, mcore_dapo.runtime.model, "
-        "mcore_dapo.harness.logits, mcore_dapo.patching.megatron_cpu, mcore_dapo.patching.verl_cpu, "
+        "mcore_dapo.convert.forward_check, mcore_dapo_checks.logits, mcore_dapo.patching.megatron_cpu, mcore_dapo.patching.verl_cpu, "
         "mcore_dapo.cli.main;"
         "print(sorted(m for m in sys.modules if m.startswith('megatron')))")], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]

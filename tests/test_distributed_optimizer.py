@@ -2,7 +2,7 @@
 identical Adam steps of the tiny Qwen3-MoE in Megatron's DDP, from get_megatron_optimizer with verl's
 OptimizerConfig, give the parameters and grad norms of the plain optimizer, with the Adam state
 sharded over the data-parallel ranks; a resume from verl's checkpoint format restores it bit for bit.
-2 processes under gloo (mcore_dapo.harness.dist_optimizer).
+2 processes under gloo (mcore_dapo_checks.dist_optimizer).
 
 Why the tolerances are tight. Both models start from the same weights and see the same batches, so
 forward and backward are the same computation. The data-parallel gradient reduction is an all-reduce
@@ -40,7 +40,7 @@ def compared(request, tiny_moe, tmp_path_factory):
     args = ["--hf-path", str(tiny_moe), "--steps", "2", "--lr", str(LR), *CASES[request.param]]
     if request.param == "ep2-bf16":  # verl's setting: its checkpoint format saved, loaded by a fresh optimizer
         args += ["--checkpoint", str(tmp_path_factory.mktemp("dist-opt") / "optimizer")]
-    return request.param, torchrun("mcore_dapo.harness.dist_optimizer", args, 2, timeout=600)
+    return request.param, torchrun("mcore_dapo_checks.dist_optimizer", args, 2, timeout=600)
 
 
 def test_the_optimizers_are_megatrons_distributed_and_plain(compared):

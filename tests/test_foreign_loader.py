@@ -1,6 +1,6 @@
 """Converted checkpoints in a model configured by verl's own code, not this project's bridge.
 
-``mcore_dapo.harness.foreign_loader`` builds the model from verl 0.9.1's
+``mcore_dapo_checks.foreign_loader`` builds the model from verl 0.9.1's
 ``hf_to_mcore_config_qwen3moe`` (``moe_layer_freq`` at its default, as Megatron-LM's recipes and
 MindSpeed-LLM also leave it) and verl's ``Qwen3MoEModel`` initializer, and loads through verl's
 ``load_mcore_dist_weights``; what it changes for the CPU is listed in its ``CPU_OVERRIDES``
@@ -23,7 +23,7 @@ TOL = 1e-4  # fp32
 
 
 def foreign(hf, *args, nproc=2):
-    return torchrun("mcore_dapo.harness.foreign_loader", ["--hf-path", str(hf), *map(str, args)], nproc,
+    return torchrun("mcore_dapo_checks.foreign_loader", ["--hf-path", str(hf), *map(str, args)], nproc,
                     timeout=600)
 
 
@@ -68,7 +68,7 @@ def test_per_layer_checkpoint_of_earlier_versions_converts_back_bit_exact(tiny_m
 
 def test_per_layer_checkpoint_loads_for_verify(tiny_moe, tiny_moe_ref, per_layer):
     # the worker `mcore-convert verify` runs, under another layout than the one that wrote it
-    r = torchrun("mcore_dapo.harness.logits", ["--hf-path", str(tiny_moe), "--reference", str(tiny_moe_ref),
+    r = torchrun("mcore_dapo_checks.logits", ["--hf-path", str(tiny_moe), "--reference", str(tiny_moe_ref),
                                                "--mcore-path", str(per_layer), "--tp", "2"], 2, timeout=600)
     assert r["key_layout"] == "per-layer" and r["max_abs_diff"] < TOL, r
 

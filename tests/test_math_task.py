@@ -4,8 +4,8 @@ that is right part of the time (so that filter_groups keeps groups)."""
 import pyarrow.parquet as pq
 import pytest
 
-from mcore_dapo.harness import math_task
-from mcore_dapo.harness.tiny import IM_END, NEWLINE, PAD
+from mcore_dapo_checks import math_task
+from mcore_dapo_checks.tiny import IM_END, NEWLINE, PAD
 
 
 @pytest.fixture(scope="module")

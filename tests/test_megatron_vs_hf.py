@@ -1,14 +1,14 @@
 """Real Megatron (gloo, 2 and 4 processes) built by the bridge from HF weights gives HF's logits and HF's
 gradients.
 
-Each case launches ``python -m mcore_dapo.harness.logits`` under torchrun on a tiny generated
+Each case launches ``python -m mcore_dapo_checks.logits`` under torchrun on a tiny generated
 Qwen3-MoE (or dense Qwen3), compares float32 logits with the HF transformers model computed in
 a clean process, and runs a training forward+backward through Megatron's schedules, with Megatron's
 DDP and ``finalize_model_grads`` as verl's engine trains. Every parameter's gradient, routers
 included, is brought to its HF name by the weight exporter and compared with the HF model's gradient
 of the same loss (next-token cross-entropy, no auxiliary loss) computed in the clean process.
 
-The batch is 4 right-padded sequences of 15, 11, 6 and 9 tokens in 16 positions (``harness/tiny.py``'s
+The batch is 4 right-padded sequences of 15, 11, 6 and 9 tokens in 16 positions (``mcore_dapo_checks/tiny.py``'s
 ``tiny_batch``: 14, 10, 5 and 8 loss tokens). Each data-parallel rank runs its own share of them (DP2: the first
 two and the last two, 24 and 13 loss tokens; DP4: one each), so a data-parallel reduction that is skipped, a
 token exchanged with the wrong source rank, or a per-rank normalisation moves the result. The loss is verl's
@@ -69,7 +69,7 @@ _launched = {}  # the launches of this file by their arguments: a layout another
 def _check(hf, ref, nproc, args):
     key = (str(hf), str(ref), nproc, tuple(args))
     if key not in _launched:
-        _launched[key] = torchrun("mcore_dapo.harness.logits",
+        _launched[key] = torchrun("mcore_dapo_checks.logits",
                                   ["--hf-path", str(hf), "--reference", str(ref), "--backward", *args], nproc,
                                   timeout=300)
     r = _launched[key]
@@ -123,7 +123,7 @@ def tiny_moe_ref_padded(tiny_moe, tmp_path_factory):
     """The HF reference whose training loss runs over 384 logits, the rows past the vocabulary at zero: what
     Megatron's output layer, padded with zero rows, computes (its cross-entropy does not mask the padding)."""
     out = tmp_path_factory.mktemp("ref") / "ref-padded.pt"
-    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(tiny_moe), str(out),
+    subprocess.run([sys.executable, "-m", "mcore_dapo_checks.tiny", "reference", str(tiny_moe), str(out),
                     "--padded-vocab", str(PADDED_VOCAB)], check=True, capture_output=True, text=True)
     return out
 
@@ -155,11 +155,11 @@ def test_pp2_vpp2_matches_hf(tiny_moe, tiny_moe_ref):
 
 @pytest.fixture(scope="module")
 def tiny_moe_8_layers(tmp_path_factory):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     hf = make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3-moe-8", seed=0, num_hidden_layers=8)
     ref = hf.parent / "ref-4mb.pt"
-    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf), str(ref),
+    subprocess.run([sys.executable, "-m", "mcore_dapo_checks.tiny", "reference", str(hf), str(ref),
                     "--batch", VPP_BATCH], check=True, capture_output=True, text=True)
     return hf, ref
 

@@ -12,7 +12,7 @@ from mcore_dapo.bridge.models import architectures, get_model, register, unregis
 from mcore_dapo.bridge.models.qwen3 import SPEC as QWEN3
 from mcore_dapo.bridge.models.qwen3.hf_config import parse_qwen3_config
 from mcore_dapo.errors import UserError
-from mcore_dapo.harness.tiny import TINY_MOE
+from mcore_dapo_checks.tiny import TINY_MOE
 
 FAKE_ARCH = "TinyFakeForCausalLM"
 

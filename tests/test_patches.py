@@ -145,7 +145,7 @@ import sys, torch
 from mcore_dapo.devices import get_adapter
 import megatron.core.models.gpt  # noqa
 get_adapter("cpu").apply_patches()
-from mcore_dapo.harness.tiny import hf_reference_logits
+from mcore_dapo_checks.tiny import hf_reference_logits
 ref = torch.load(sys.argv[2])
 logits = hf_reference_logits(sys.argv[1], ref["tokens"], attention_mask=ref["attention_mask"])
 print(float((logits - ref["logits"]).abs().max()))

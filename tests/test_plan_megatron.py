@@ -37,7 +37,7 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("plan-models")
     return [
@@ -51,7 +51,7 @@ def tiny_models(tmp_path_factory):
 def built(tiny_models):
     """Each world size's launch, run once: every layout built by Megatron and compared."""
     args = [a for m in tiny_models for a in ("--hf-path", str(m))]
-    return {world: torchrun("mcore_dapo.harness.plan_params", [*args, "--layouts", json.dumps(LAYOUTS[world])],
+    return {world: torchrun("mcore_dapo_checks.plan_params", [*args, "--layouts", json.dumps(LAYOUTS[world])],
                             world, timeout=300) for world in LAYOUTS}
 
 

@@ -1,6 +1,6 @@
 """Rollout resharding with real Megatron under torchrun (gloo): one launch per layout, many checks each.
 
-Each launch runs ``python -m mcore_dapo.harness.check_weight_sync`` on the tiny Qwen3-MoE: bit-exact
+Each launch runs ``python -m mcore_dapo_checks.check_weight_sync`` on the tiny Qwen3-MoE: bit-exact
 export against the checkpoint (large buckets, small buckets, bf16), a sync into an HF
 transformers model (logits against the HF reference), receivers of the wrong model refused
 without a write, a corrupting receiver caught by checksums, then an Adam step on the Megatron
@@ -35,7 +35,7 @@ def _cases(ids):
 @pytest.fixture(scope="module", params=_cases(LAYOUTS))
 def run(request, tiny_moe, tiny_moe_ref):
     nproc, args = LAYOUTS[request.param]
-    r = torchrun("mcore_dapo.harness.check_weight_sync",
+    r = torchrun("mcore_dapo_checks.check_weight_sync",
                  ["--hf-path", str(tiny_moe), "--reference", str(tiny_moe_ref), "--train", *args], nproc, timeout=300)
     return {**r, "case": request.param}
 
@@ -125,7 +125,7 @@ def test_sync_bench_cli(tiny_moe, capsys, nproc, args):
 
     from test_resharding_receiver import sync_bench_cli
 
-    from mcore_dapo.harness.bench_weight_sync import render
+    from mcore_dapo_checks.bench_weight_sync import render
 
     assert sync_bench_cli(["--hf-path", str(tiny_moe), *args, "--bucket-mb", "0.05", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)

@@ -16,7 +16,7 @@ def sync_bench_cli(argv) -> int:
     import argparse
 
     from mcore_dapo.cli import user_errors
-    from mcore_dapo.cli.sync_bench import add_commands
+    from mcore_dapo_checks.cli.sync_bench import add_commands
 
     ap = argparse.ArgumentParser(prog="mcore-dapo")
     add_commands(ap.add_subparsers(dest="cmd", required=True))

@@ -1,12 +1,12 @@
 """Resume: a killed run continues where it stopped, exactly, also on another layout.
 
-* Through verl's trainer with the launch scripts' settings (:mod:`mcore_dapo.harness.resume`, the session
+* Through verl's trainer with the launch scripts' settings (:mod:`mcore_dapo_checks.resume`, the session
   fixture ``dapo_trainer_run``): a run gets SIGKILL on every process once step 3's update has begun, and the
   same command again resumes with ``resume_mode=auto``. Its steps 3 and 4 are held against the uninterrupted
   computation through the audit (weights, learning rate, loss, grad norm, the optimizer step chained across the
   kill), and what its engine held after loading against what the killed run's held when it saved. The two runs'
   4 steps are also the run ``tests/test_verl_trainer.py`` checks.
-* At engine level (:mod:`mcore_dapo.harness.reshard_resume`, verl's worker calls under torchrun): a checkpoint
+* At engine level (:mod:`mcore_dapo_checks.reshard_resume`, verl's worker calls under torchrun): a checkpoint
   saved under EP2 resumes under EP2 (the periodic save's format) and, saved as a run's last step, under TP2·EP2
   (ETP1) and PP2·EP2, optimizer state included; each launch ends with a save of the next step killed at one
   point (in the background once the save returned; synchronously after the optimizer's files; in the background
@@ -36,7 +36,7 @@ pytest.importorskip("verl")
 
 @pytest.fixture(scope="module")
 def resumed(dapo_trainer_run):
-    # tests/conftest.py's run: with this file selected, the killed and the resumed run (harness/resume.four_steps),
+    # tests/conftest.py's run: with this file selected, the killed and the resumed run (mcore_dapo_checks/resume.four_steps),
     # whose 4 steps tests/test_verl_trainer.py checks as the trainer's run
     pytest.importorskip("transfer_queue")
     r = dapo_trainer_run
@@ -55,7 +55,7 @@ def test_the_killed_run_stopped_during_step_3_with_checkpoint_2_complete(resumed
 
 
 def test_the_resumed_run_starts_at_step_3(resumed):
-    from mcore_dapo.harness.tiny_dapo import read_metrics
+    from mcore_dapo_checks.tiny_dapo import read_metrics
 
     steps = [r["data"]["training/global_step"] for r in read_metrics(Path(resumed["resumed"]["metrics_log"]))]
     assert steps == [3, 4]
@@ -66,8 +66,8 @@ def test_tiny_dapo_reports_the_resumed_run_by_its_global_steps(resumed):
     """``mcore-dapo tiny-dapo --steps 4`` over a workdir with checkpoint 2 trains steps 3 and 4: reported as those
     steps, and a success (its last step reaches --steps), not as steps 1 and 2 short of 4. The reference is verl's
     own ``training/global_step`` of each logged line."""
-    from mcore_dapo.cli.tiny_dapo import report
-    from mcore_dapo.harness.tiny_dapo import read_metrics
+    from mcore_dapo_checks.cli.tiny_dapo import report
+    from mcore_dapo_checks.tiny_dapo import read_metrics
 
     logged = [r["data"]["training/global_step"] for r in read_metrics(Path(resumed["resumed"]["metrics_log"]))]
     out, ok = report(resumed["resumed"], 4, start=int(resumed["killed"]["tracker"]))
@@ -83,13 +83,13 @@ def test_tiny_dapo_reports_the_resumed_run_by_its_global_steps(resumed):
 # weights and optimizer state they start from, the learning rate, the dataloader's position), and their updates
 # against the uninterrupted computation: each of the killed run's steps 1 and 2 and the resumed run's steps 3 and 4
 # recomputed on the HF model in fp32, with Megatron's optimizer step chained across the kill
-# (harness/resume.chained_reference), under tests/test_verl_trainer.py's tolerances (argued there)
+# (mcore_dapo_checks/resume.chained_reference), under tests/test_verl_trainer.py's tolerances (argued there)
 
 
 def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_trainer_run):
     from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, LOSS_AGGREGATION_ABS, grad_norm_bound
 
-    from mcore_dapo.harness.resume import KILL_STEP
+    from mcore_dapo_checks.resume import KILL_STEP
 
     c = resumed["compare"]
     # the first resumed update starts from the weights the killed run checkpointed, bit for bit
@@ -122,7 +122,7 @@ def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_
     # ... and its count covers every group drawn over the four steps, trained or evicted by dynamic sampling (a
     # loader restarted at the resume counts only the resumed run's share and the prompts fetched ahead, short of
     # the killed run's 8 trained groups at least)
-    from mcore_dapo.harness.resume import groups_drawn
+    from mcore_dapo_checks.resume import groups_drawn
 
     assert y["resumed_step4"] >= groups_drawn(dapo_trainer_run["metrics"], 4), y
 
@@ -152,7 +152,7 @@ def test_what_the_checkpoint_held_is_what_the_resumed_run_loaded(resumed):
 def test_the_final_checkpoint_holds_the_last_updates_weights(resumed):
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.harness.resume import weights_differ
+    from mcore_dapo_checks.resume import weights_differ
 
     final = Path(resumed["checkpoints"]) / "global_step_4" / "actor" / "model" / "huggingface"
     last = Path(resumed["resumed_audit"]) / "step-0001" / "hf-after"
@@ -180,7 +180,7 @@ def reshard(tiny_moe, tmp_path_factory):
 
     from mcore_dapo.bridge.layout import Layout
     from mcore_dapo.convert.api import hf2mcore
-    from mcore_dapo.harness.reshard_resume import ASYNC, LAST_STEP, launch
+    from mcore_dapo_checks.reshard_resume import ASYNC, LAST_STEP, launch
     from mcore_dapo.verl_plugin import checkpoint
 
     work = tmp_path_factory.mktemp("reshard")
@@ -316,7 +316,7 @@ def test_the_checkpoints_hf_weights_give_the_engines_log_probs(reshard):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.harness.verl_dapo import PROMPT
+    from mcore_dapo_checks.verl_dapo import PROMPT
 
     work = reshard[2]
     saved = torch.load(work / "uninterrupted.pt", weights_only=False)
@@ -383,8 +383,8 @@ def test_a_checkpoint_of_another_model_is_one_line(reshard):
 
 def test_resuming_another_model_is_refused_before_ray(reshard, tmp_path):
     from mcore_dapo.errors import UserError
-    from mcore_dapo.harness.tiny import make_tiny_model
-    from mcore_dapo.harness.verl_engine import overrides
+    from mcore_dapo_checks.tiny import make_tiny_model
+    from mcore_dapo_checks.verl_engine import overrides
     from mcore_dapo.verl_plugin.checkpoint import check_resume
     from mcore_dapo.verl_plugin.main_dapo import compose
     from mcore_dapo.verl_plugin.overrides import rewrite
@@ -476,7 +476,7 @@ def test_a_missing_shard_is_one_line_naming_it_and_the_previous_checkpoint(resha
 
 def test_a_damaged_tracker_is_one_line_before_ray(reshard, tmp_path):
     from mcore_dapo.errors import UserError
-    from mcore_dapo.harness.verl_engine import overrides
+    from mcore_dapo_checks.verl_engine import overrides
     from mcore_dapo.verl_plugin.checkpoint import check_resume
     from mcore_dapo.verl_plugin.main_dapo import compose
     from mcore_dapo.verl_plugin.overrides import rewrite

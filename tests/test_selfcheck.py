@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mcore_dapo.cli.selfcheck import STEPS
+from mcore_dapo_checks.cli.selfcheck import STEPS
 
 
 def selfcheck(*args):

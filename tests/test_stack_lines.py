@@ -68,7 +68,7 @@ def test_checkpoints_cross_between_the_megatron_lines(tiny_moe, tmp_path):
 
 
 def test_round_trip_and_verify_on_an_unseen_shape(tmp_path):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     hf = make_tiny_model(tmp_path / "unseen", seed=11, **UNSEEN)
     m = hf2mcore(hf, tmp_path / "mcore", Layout(tp=2, ep=2), progress=False)

@@ -51,7 +51,7 @@ def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, r
     of an accepted kind, and the scripts' production settings stay on."""
     import re
 
-    from mcore_dapo.harness import tiny_dapo as t
+    from mcore_dapo_checks import tiny_dapo as t
 
     files = {"model": tmp_path / "m", "train": tmp_path / "t.parquet", "val": tmp_path / "v.parquet"}
     cpu = _args(t.overrides(files, tmp_path, 4, router_replay=replay, layout=layout, rollout=rollout, gen_tp=gen_tp,
@@ -88,7 +88,7 @@ def test_the_cpu_trainer_run_is_the_launch_scripts_but_declared_keys(tmp_path, r
 def test_layout_classes_are_the_device_scripts_layouts():
     """The h100 and a2 runs take the scripts' layout class: TP2 with sequence parallelism under EP (ETP1); PP2
     with VPP2 and a heavier first stage under EP; full recompute in both. Only EP and the stage sizes change."""
-    from mcore_dapo.harness import tiny_dapo as t
+    from mcore_dapo_checks import tiny_dapo as t
 
     a = "actor_rollout_ref.actor.megatron"
     h100 = _args(t.script_layout("h100"))
@@ -108,8 +108,8 @@ def test_layout_classes_are_the_device_scripts_layouts():
 
 
 def test_one_entry_point(tmp_path, capsys):
-    """``python -m mcore_dapo.harness.tiny_dapo`` is ``mcore-dapo tiny-dapo``: the same parser, defaults and errors."""
-    from mcore_dapo.harness.tiny_dapo import main
+    """``python -m mcore_dapo_checks.tiny_dapo`` is ``mcore-dapo tiny-dapo``: the same parser, defaults and errors."""
+    from mcore_dapo_checks.tiny_dapo import main
 
     assert main(["--workdir", str(tmp_path), "--lr", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --lr=0.0 is not accepted: a positive learning rate"

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host
 
 
 def test_verl_dapo_loss_on_megatron_equals_hf_in_fp32(tmp_path):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     hf = make_tiny_model(tmp_path / "tiny")
     work = tmp_path / "work"
     work.mkdir()
-    got = torchrun("mcore_dapo.harness.verl_dapo", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"], 2,
+    got = torchrun("mcore_dapo_checks.verl_dapo", ["--hf-path", str(hf), "--work", str(work), "--ep", "2"], 2,
                    timeout=300)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path", str(hf),
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo_checks.verl_dapo", "reference", "--hf-path", str(hf),
                           "--work", str(work)], capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     want = json.loads(ref.stdout.strip().splitlines()[-1])

@@ -24,16 +24,16 @@ pytestmark = pytest.mark.cpu_only  # torchrun ranks of real Megatron on one host
 
 @pytest.fixture(scope="module")
 def engine_launch(tmp_path_factory):
-    """One launch (mcore_dapo.harness.verl_engine --offload), EP2 on 2 ranks: an offloaded worker's update, then a
+    """One launch (mcore_dapo_checks.verl_engine --offload), EP2 on 2 ranks: an offloaded worker's update, then a
     plain worker's update of the same weights and batch with its weight sync and checkpoint save and resume (its
     result is ``"plain"``, what ``run`` alone gives). ``(result, hf folder, work folder)``."""
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     tmp = tmp_path_factory.mktemp("verl-engine")
     hf = make_tiny_model(tmp / "tiny")
     work = tmp / "work"
     work.mkdir()
-    got = torchrun("mcore_dapo.harness.verl_engine",
+    got = torchrun("mcore_dapo_checks.verl_engine",
                    ["--hf-path", str(hf), "--work", str(work), "--ep", "2", "--offload"], 2, timeout=600)
     return got, hf, work
 
@@ -42,7 +42,7 @@ def engine_launch(tmp_path_factory):
 def engine_update(engine_launch):
     launched, hf, work = engine_launch
     got = launched["plain"]
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path", str(hf),
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo_checks.verl_dapo", "reference", "--hf-path", str(hf),
                           "--work", str(work)], capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr[-2000:]
     return got, json.loads(ref.stdout.strip().splitlines()[-1])
@@ -97,12 +97,12 @@ def test_verl_checkpoint_save_and_resume_through_the_plugin(engine_update):
 @pytest.fixture(scope="module", params=[("EP2", "alltoall", 1, 2), ("TP2xEP2", "allgather", 2, 4)],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def replay(request, tmp_path_factory):
-    """Router replay through verl's worker calls (mcore_dapo.harness.verl_engine --replay): R2 records in
+    """Router replay through verl's worker calls (mcore_dapo_checks.verl_engine --replay): R2 records in
     compute_log_prob, the routers are perturbed, update_actor replays (and is recomputed on the HF model
     with the same routes forced); then R3 with routes of an HF model in the rollout's format; then bad
     replay data."""
     from mcore_dapo import megatron_compat
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     if not megatron_compat.supports_routing_replay():  # its refusal: tests/test_versions.py
         pytest.skip("this megatron-core has no routing replay (from 0.16.0)")
@@ -110,7 +110,7 @@ def replay(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("verl-replay")
     hf = make_tiny_model(tmp / "tiny")
     (tmp / "work").mkdir()
-    return torchrun("mcore_dapo.harness.verl_engine",
+    return torchrun("mcore_dapo_checks.verl_engine",
                     ["--hf-path", str(hf), "--work", str(tmp / "work"), "--ep", "2", "--tp", str(tp),
                      "--dispatcher", dispatcher, "--replay"], world, timeout=600)
 

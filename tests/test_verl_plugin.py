@@ -316,7 +316,7 @@ ENGINE_CLASSES = (
     "print(cpu.__name__, dev.__name__, cpu.__module__, issubclass(cpu, dev), "
     "sorted(k for k in ('to', 'train_mode', 'eval_mode', 'save_checkpoint') "
     "for c in dev.__mro__ if c.__module__.startswith('mcore_dapo') and k in vars(c)), "
-    "'mcore_dapo.harness.audit' in sys.modules)")
+    "'mcore_dapo_checks.audit' in sys.modules)")
 
 
 def test_only_the_entry_point_registers():
@@ -344,7 +344,7 @@ def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
 
 
 def test_audit_is_a_wrapper_installed_only_through_the_engine_hook(monkeypatch, tmp_path):
-    from mcore_dapo.harness.audit import audit_env
+    from mcore_dapo_checks.audit import audit_env
 
     for k, v in audit_env(tmp_path).items():
         monkeypatch.setenv(k, v)
@@ -407,7 +407,7 @@ def test_rollout_sampling_rules(tmp_path):
     import torch
     from types import SimpleNamespace
 
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
     from mcore_dapo.verl_cpu.rollout import response_budget, sample
     from transformers import AutoModelForCausalLM
 

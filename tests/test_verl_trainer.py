@@ -1,11 +1,11 @@
 """verl's own DAPO trainer end to end on the CPU with the launch scripts' settings
 (``python -m mcore_dapo.verl_plugin.main_dapo`` with ``configs/dapo/common.sh``'s overrides, composed by
-:mod:`mcore_dapo.harness.tiny_dapo`, which changes only sizes, device and process counts, the rollout's
+:mod:`mcore_dapo_checks.tiny_dapo`, which changes only sizes, device and process counts, the rollout's
 CPU-only settings and packing: tests/test_tiny_dapo_cli.py checks that). On: dynamic batch sizes (a rank's
 share split into several micro-batches), Megatron's distributed optimizer, LR warm-up, full recompute,
 parameter and optimizer offload, validation every 2 steps, checkpoints every 2 steps with
 ``resume_mode=auto``, dynamic sampling, verl's ``dapo`` reward manager with ``math_dapo`` on data in the
-guide's schema (:mod:`mcore_dapo.harness.math_task`), weight sync, and each launch script's layout class at
+guide's schema (:mod:`mcore_dapo_checks.math_task`), weight sync, and each launch script's layout class at
 tiny size (the script's own LAYOUT array, only EP and the stage sizes changed).
 
 Two runs, each in one of verl's asynchronous modes (``trainer.v1.trainer_mode``: generation of the next batches
@@ -47,7 +47,7 @@ STEPS = 4  # validation and checkpoints at steps 2 and 4 (test_freq = save_freq 
 
 @pytest.fixture(scope="module")
 def tiny_run(dapo_trainer_run):
-    # tests/conftest.py's run (mcore_dapo.harness.resume.trainer_run: STEPS steps, the H100 script's layout class,
+    # tests/conftest.py's run (mcore_dapo_checks.resume.trainer_run: STEPS steps, the H100 script's layout class,
     # the audit, R3 where Megatron has routing replay); where tests/test_resume.py runs too, its killed run's steps
     # 1 and 2 and its resumed run's 3 and 4, audited against the reference chained across the kill
     r = dapo_trainer_run
@@ -62,7 +62,7 @@ KL_COEF = 1e-3  # the scripts' kl_loss_coef is 0.0 (KL off): with KL on, a coeff
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory):
     pytest.importorskip("vllm")
-    from mcore_dapo.harness.tiny_dapo import log_tail, read_metrics, run
+    from mcore_dapo_checks.tiny_dapo import log_tail, read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo-a2")
     result = run(work, VLLM_STEPS, timeout=1500, rollout="vllm", layout="a2", gen_tp=2, audit=True,
@@ -144,7 +144,7 @@ def test_dapo_pieces_act(tiny_run):
 
 
 # Tolerances of the audit (the bf16 engine, through verl's whole update path, against an fp32 HF reference of
-# the same batch from the engine's weights of that step; mcore_dapo.harness.audit_reference):
+# the same batch from the engine's weights of that step; mcore_dapo_checks.audit_reference):
 # - loss, absolute: the token-mean of A * ratio with |A| <~ 2 over the mini-batch's ~50 response tokens (the
 #   taught model answers in 3), where the engine's log-probs carry bf16 rounding (~1e-2 a token) and the
 #   reference's do not: ~1e-2 * 2 / sqrt(50) ~ 3e-3 at most, as the per-token differences partly cancel;
@@ -194,7 +194,7 @@ def test_routes_replayed_to_other_experts_fail_the_per_token_check(tiny_run):
     # mutation, moved the log-probs by 1.3e-2 only in one run of this test: a tiny model's consecutive tokens often
     # take the same experts.)
     from mcore_dapo import megatron_compat
-    from mcore_dapo.harness.audit_reference import reference_step
+    from mcore_dapo_checks.audit_reference import reference_step
 
     if not megatron_compat.supports_routing_replay():
         pytest.skip("this megatron-core has no routing replay (from 0.16.0): the run trained without it")
@@ -464,7 +464,7 @@ def test_rollout_log_probs_moved_fail_the_importance_weight_check(vllm_run):
     # another token) each weight moves by about a tenth (measured 0.095 to 0.105), far beyond the check's bound.
     # (Whether the weights are off 1 at all depends on the samples: a model whose answers have probabilities near 1
     # gives weights within 1e-3 of 1 at every token, as in one run of this test.)
-    from mcore_dapo.harness.audit_reference import reference_step
+    from mcore_dapo_checks.audit_reference import reference_step
 
     _, _, work, _ = vllm_run
     folder = sorted((Path(work) / "audit").glob("step-*"))[-1]

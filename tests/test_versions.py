@@ -163,7 +163,7 @@ def test_router_replay_on_a_megatron_without_it_is_one_line():
     from mcore_dapo.bridge import load_hf_config
     from mcore_dapo.verl_plugin.router_replay import config_fields
 
-    from mcore_dapo.cli.selfcheck import REAL_CONFIG
+    from mcore_dapo_checks.cli.selfcheck import REAL_CONFIG
 
     cfg = load_hf_config(REAL_CONFIG)
     installed = version("megatron-core")

@@ -18,14 +18,14 @@ LAYOUTS = ("tp1-ep2", "tp2-ep2", "pp2-ep2")
 
 @pytest.fixture(scope="module")
 def tiny_moe32(tmp_path_factory):
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny32") / "tiny-qwen3-moe", seed=0, head_dim=32, vocab_size=300)
 
 
 @pytest.fixture(scope="module")
 def run(tiny_moe32):
-    return torchrun("mcore_dapo.harness.check_vllm_sync", ["--hf-path", str(tiny_moe32), "--layouts", ",".join(LAYOUTS)],
+    return torchrun("mcore_dapo_checks.check_vllm_sync", ["--hf-path", str(tiny_moe32), "--layouts", ",".join(LAYOUTS)],
                     4, timeout=900, env={"OMP_NUM_THREADS": "1"})
 
 
@@ -61,7 +61,7 @@ def test_a_padded_vocabulary_is_compared_over_its_real_rows():
     has the real rows only: those are compared, bit for bit, and nothing else is cut."""
     import torch
 
-    from mcore_dapo.harness.check_vllm_sync import compare, same_weights
+    from mcore_dapo_checks.check_vllm_sync import compare, same_weights
 
     export = torch.randn(300, 8)
     engine = torch.cat([export, torch.randn(20, 8)])  # padded to 320
@@ -90,7 +90,7 @@ def test_device_engine_options_name_rays_own_resources():
     from ray._private.accelerators import NPUAcceleratorManager, NvidiaGPUAcceleratorManager
 
     from mcore_dapo.bridge.models import get_model
-    from mcore_dapo.harness.check_vllm_sync import engine_actor_options, vllm_layout
+    from mcore_dapo_checks.check_vllm_sync import engine_actor_options, vllm_layout
 
     assert NvidiaGPUAcceleratorManager.get_resource_name() == "GPU"
     assert engine_actor_options("cuda") == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})

@@ -80,10 +80,13 @@ def test_the_cpu_run_and_selfcheck_find_the_scripts_and_the_model(wheel_env):
     """tiny-dapo composes its run from common.sh and the device script's LAYOUT; selfcheck's real-width model is
     the shipped config; migrate reads the launch script: all from the wheel."""
     w = wheel_env
-    r = run(w, sys.executable, "-c", "from mcore_dapo.harness import tiny_dapo as t; from mcore_dapo.cli.selfcheck "
+    r = run(w, sys.executable, "-c", "from mcore_dapo_checks import tiny_dapo as t; from mcore_dapo_checks.cli.selfcheck "
             "import REAL_CONFIG; print(t.SCRIPT.is_file(), len(t.layout_args('a2')), (REAL_CONFIG / 'config.json')"
             ".is_file())")
     assert r.returncode == 0 and r.stdout.split() == ["True", "17", "True"], r.stderr[-2000:]
+    # the verification package's commands reach `mcore-dapo` through the wheel's entry point
+    r = run(w, "mcore-dapo", "--help")
+    assert r.returncode == 0 and all(c in r.stdout for c in ("demo", "selfcheck", "sync-bench", "tiny-dapo")), r.stdout
     (w["away"] / "o.txt").write_text("actor_rollout_ref.actor.strategy=fsdp\ntrainer.nnodes=4\n")
     r = run(w, "mcore-dapo", "migrate", "o.txt", "--device", "a2", "--json")
     assert r.returncode == 0, r.stderr[-2000:]

@@ -8,7 +8,7 @@ shipped configs/models/qwen3-30b-a3b config) with ``--layers`` layers, ``--exper
 Adam state on 2 ranks), is trained one step through verl's worker calls on each of ``--nproc`` rank counts (EP
 as large as divides the experts and the ranks), then saved as the launch scripts save it
 (``checkpoint.async_save=True``; ``--sync``: as verl saves by default) and loaded back
-(:func:`mcore_dapo.harness.reshard_resume.bench_run`). Printed per rank count: ``blocked_s`` (the save call,
+(:func:`mcore_dapo_checks.reshard_resume.bench_run`). Printed per rank count: ``blocked_s`` (the save call,
 the slowest rank), ``persisted_s`` (until the checkpoint is in place with its record), ``disk_bound_s`` (every
 rank writing its share of the same bytes with plain writes and fsync, at once, in the same run), their ratio,
 ``load_s``, each rank's resident memory before and at its peak during the load against its share of the
@@ -42,8 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from mcore_dapo.errors import UserError, accepted
-    from mcore_dapo.harness.reshard_resume import ASYNC, launch
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.reshard_resume import ASYNC, launch
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     try:
         if a.layers < 1:

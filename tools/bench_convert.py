@@ -76,7 +76,7 @@ def run_naive(hf: Path, out: Path) -> dict:
 
     out.mkdir()
     t = time.time()
-    r = torchrun("mcore_dapo.harness.naive_convert", ["--hf-path", str(hf), "--partial", str(out)], 1, timeout=None)
+    r = torchrun("mcore_dapo_checks.naive_convert", ["--hf-path", str(hf), "--partial", str(out)], 1, timeout=None)
     r["wall_seconds"] = round(time.time() - t, 2)
     return r
 

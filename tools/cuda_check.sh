@@ -15,17 +15,17 @@ LAYERS=${3:-2}
 PY=${PYTHON:-python3}
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$W"
-run() { "$PY" -m torch.distributed.run --nproc-per-node "$N" -m mcore_dapo.harness.logits --device cuda "$@"; }
+run() { "$PY" -m torch.distributed.run --nproc-per-node "$N" -m mcore_dapo_checks.logits --device cuda "$@"; }
 
 "$PY" -m mcore_dapo.cli.main env --json > "$W/env.json"
 
-"$PY" -m mcore_dapo.harness.tiny model "$W/tiny"
-"$PY" -m mcore_dapo.harness.tiny reference "$W/tiny" "$W/tiny-ref.pt"
+"$PY" -m mcore_dapo_checks.tiny model "$W/tiny"
+"$PY" -m mcore_dapo_checks.tiny reference "$W/tiny" "$W/tiny-ref.pt"
 run --hf-path "$W/tiny" --reference "$W/tiny-ref.pt" --ep "$N" --backward --out "$W/tiny.json"
 
 t0=$(date +%s)
-"$PY" -m mcore_dapo.harness.tiny model "$W/real-width" --like "$HERE/configs/models/qwen3-30b-a3b" --layers "$LAYERS"
-"$PY" -m mcore_dapo.harness.tiny reference "$W/real-width" "$W/real-width-ref.pt" --seq 64
+"$PY" -m mcore_dapo_checks.tiny model "$W/real-width" --like "$HERE/configs/models/qwen3-30b-a3b" --layers "$LAYERS"
+"$PY" -m mcore_dapo_checks.tiny reference "$W/real-width" "$W/real-width-ref.pt" --seq 64
 t1=$(date +%s)
 run --hf-path "$W/real-width" --reference "$W/real-width-ref.pt" --ep "$N" --dtype bf16 --out "$W/real-width.json"
 t2=$(date +%s)

@@ -25,7 +25,7 @@ CONFIG = REPO / "configs" / "models" / "qwen3-30b-a3b" / "config.json"
 
 def realwidth_checkpoint(out: Path, layers: int) -> Path:
     """A seeded random checkpoint of the real config with ``layers`` layers (kept if already there)."""
-    from mcore_dapo.harness.tiny import TINY_MOE, make_tiny_model
+    from mcore_dapo_checks.tiny import TINY_MOE, make_tiny_model
 
     if (out / "model.safetensors").is_file() or (out / "model.safetensors.index.json").is_file():
         have = json.loads((out / "config.json").read_text()).get("num_hidden_layers")
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
 def sync_bench(argv: list[str]) -> int:
     """``mcore-dapo sync-bench ARGV`` (its own parser, so the tool works whatever else the CLI has)."""
     from mcore_dapo.cli import user_errors
-    from mcore_dapo.cli.sync_bench import add_commands
+    from mcore_dapo_checks.cli.sync_bench import add_commands
 
     ap = argparse.ArgumentParser(prog="sync_bench_realwidth.py --")
     add_commands(ap.add_subparsers(dest="cmd", required=True))

@@ -1,5 +1,6 @@
-"""``mcore-dapo``: env, demo, selfcheck, plan, metrics, compare, sync-bench, tiny-dapo, data, migrate,
-scripts."""
+"""``mcore-dapo``: env, plan, metrics, compare, data, migrate, scripts; and the commands of the verification
+package (demo, selfcheck, sync-bench, tiny-dapo: ``mcore_dapo_checks``, shipped in the same distribution), which
+registers them through the ``mcore_dapo.commands`` entry point: this package never imports it."""
 
 from __future__ import annotations
 
@@ -16,24 +17,6 @@ def _env(a) -> int:
     info = env.collect(a.device)
     print(json.dumps(info, indent=1) if a.json else env.render(info))
     return 0
-
-
-def _demo(a) -> int:
-    from mcore_dapo.harness import demo
-
-    return demo.main(a.workdir, a.json)
-
-
-def _selfcheck(a) -> int:
-    from pathlib import Path
-
-    from mcore_dapo.cli.selfcheck import REAL_CONFIG, SelfCheck, markdown
-
-    check = SelfCheck(a.device, a.nproc, Path(a.workdir), a.budget_s, a.layers, Path(a.config or REAL_CONFIG),
-                      progress=lambda line: print(line, file=sys.stderr, flush=True))
-    report = check.run()
-    print(json.dumps(report) if a.json else markdown(report))
-    return 0 if report["ok"] else 1
 
 
 def _scripts(a) -> int:
@@ -65,19 +48,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--device", choices=["cuda", "npu", "cpu"], default=None)
     p.set_defaults(fn=_env)
-    p = sub.add_parser("demo", help="run the main job on an embedded tiny model on the CPU")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--workdir", default=None, help="keep the generated model and results here")
-    p.set_defaults(fn=_demo)
-    p = sub.add_parser("selfcheck", help="prove this node: Megatron vs HF, conversion, export, a DAPO update")
-    p.add_argument("--device", choices=["cuda", "npu", "cpu"], required=True)
-    p.add_argument("--nproc", type=int, default=1, help="devices (processes) to use")
-    p.add_argument("--workdir", required=True, help="model, checkpoints and the report (selfcheck.json/.md)")
-    p.add_argument("--budget-s", type=float, default=600.0, help="steps that no longer fit are skipped")
-    p.add_argument("--layers", type=int, default=2, help="layers of the real-width model on an accelerator")
-    p.add_argument("--config", default=None, help="the real model's config.json (default: the shipped Qwen3-30B-A3B)")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(fn=_selfcheck)
     p = sub.add_parser("scripts", help="write the launch scripts (A2, H100, Ray start, common.sh, the model's "
                        "config) into DIR")
     p.add_argument("dir", metavar="DIR")
@@ -95,16 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     from mcore_dapo.cli.analysis import add_commands as analysis_commands
 
     analysis_commands(sub)
-    from mcore_dapo.cli.sync_bench import add_commands as sync_commands
-
-    sync_commands(sub)
-    from mcore_dapo.cli.tiny_dapo import add_commands as tiny_dapo_commands
-
-    tiny_dapo_commands(sub)
     from mcore_dapo.cli.data import add_commands as data_commands
 
     data_commands(sub)
+    for add_commands in registered_commands():
+        add_commands(sub)
     return ap
+
+
+COMMANDS_GROUP = "mcore_dapo.commands"
+
+
+def registered_commands() -> list:
+    """The ``add_commands(subparsers)`` functions other packages register under the ``mcore_dapo.commands``
+    entry point group (this distribution's verification package: demo, selfcheck, sync-bench, tiny-dapo)."""
+    from importlib.metadata import entry_points
+
+    return [ep.load() for ep in sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name)]
 
 
 @user_errors

@@ -69,13 +69,13 @@ def verify(hf_path: str | Path, mcore_path: str | Path, layout: Layout | None = 
     batch = -(-max(batch, dp) // dp) * dp
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-verify-") as tmp:
         ref = Path(tmp) / "ref.pt"
-        subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_path), str(ref),
+        subprocess.run([sys.executable, "-m", "mcore_dapo.convert.hf_reference", str(hf_path), str(ref),
                         "--batch", str(batch), "--seq", str(seq), "--dtype", TORCH_DTYPE[dtype]],
                        check=True, capture_output=True, text=True)
         args = ["--hf-path", str(hf_path), "--reference", str(ref), "--mcore-path", str(mcore_path),
                 *layout.to_argv(), "--dtype", dtype]
         try:
-            r = torchrun("mcore_dapo.harness.logits", args, n, timeout=None)
+            r = torchrun("mcore_dapo.convert.forward_check", args, n, timeout=None)
         except LaunchError as e:
             raise UserError(f"loading {str(mcore_path)!r} under {layout.describe()} failed: "
                             f"{str(e).splitlines()[-1]}") from None

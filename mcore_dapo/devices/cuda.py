@@ -1,6 +1,6 @@
 """NVIDIA adapter: stock Megatron-core, nccl, Transformer Engine spec when TE imports.
 
-On hardware: ``torchrun --nproc-per-node 8 -m mcore_dapo.harness.logits --hf-path DIR --tp 1 --ep 8``
+On hardware: ``torchrun --nproc-per-node 8 -m mcore_dapo.convert.forward_check --hf-path DIR --tp 1 --ep 8``
 (see docs/ARCHITECTURE.md for the full list of device commands).
 """
 

@@ -6,7 +6,7 @@ captured by value) before that keeps the CUDA code. So :meth:`NpuAdapter.prepare
 refuses to run once Megatron is imported, and :meth:`configure` (MindSpeed's
 ``repatch`` with feature flags) must come before ``initialize_model_parallel``.
 
-On hardware (A2): ``torchrun --nproc-per-node 8 -m mcore_dapo.harness.logits --device npu --hf-path DIR --tp 4 --ep 2``.
+On hardware (A2): ``torchrun --nproc-per-node 8 -m mcore_dapo.convert.forward_check --device npu --hf-path DIR --tp 4 --ep 2``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ and for verl's ``cpu`` device the subclass of :mod:`mcore_dapo.verl_cpu.engine` 
 apart where the device and the host are both "cpu"). ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in
 charge on CUDA and Ascend. ``MCORE_DAPO_ENGINE_HOOK=module:function``: the class (and so its CPU subclass) is
 first passed through that function, which returns the class to register: how verification attaches (the audit,
-``mcore_dapo.harness.audit:audited``, set by the runs that audit); this module imports none of it.
+``mcore_dapo_checks.audit:audited``, set by the runs that audit); this module imports none of it.
 Registration waits until verl imports ``verl.workers.engine`` so that ``import verl`` never imports
 Megatron (MindSpeed must be imported before it).
 """

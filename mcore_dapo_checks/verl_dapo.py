@@ -1,6 +1,6 @@
 """One DAPO policy update with verl's own algorithm functions on this project's Megatron model.
 
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.verl_dapo --hf-path DIR --ep 2 --work W --out R.json``
+``torchrun --nproc-per-node 2 -m mcore_dapo_checks.verl_dapo --hf-path DIR --ep 2 --work W --out R.json``
 runs, under gloo on the CPU (or any device): rewards from verl's ``dapo`` reward manager
 (overlong penalty), GRPO advantages (``compute_grpo_outcome_advantage``), verl's ``vanilla``
 policy loss (clip low/high 0.2/0.28, clip_ratio_c 10, token-mean over the global batch),
@@ -221,7 +221,7 @@ def half_precision_agreement(received: dict, updated, start) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.verl_dapo")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.verl_dapo")
     ap.add_argument("what", nargs="?", choices=["update", "reference"], default="update")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)

@@ -3,7 +3,7 @@
 Proves that the checkpoints this project writes load where a standard configuration of the model
 loads them, and that what such a model saves converts back. Run under torchrun::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.foreign_loader --hf-path DIR --load CKPT \\
+    torchrun --nproc-per-node 2 -m mcore_dapo_checks.foreign_loader --hf-path DIR --load CKPT \\
         --reference REF.pt --ep 2 [--save OUT]
 
 The TransformerConfig is verl 0.9.1's own ``hf_to_mcore_config_qwen3moe`` (``moe_layer_freq``
@@ -41,10 +41,10 @@ CPU_OVERRIDES = dict(
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.foreign_loader")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.foreign_loader")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--load", default=None, help="torch_dist checkpoint to load with verl's loader")
-    ap.add_argument("--reference", default=None, help="HF logits to compare with (harness.tiny reference)")
+    ap.add_argument("--reference", default=None, help="HF logits to compare with (python -m mcore_dapo.convert.hf_reference)")
     ap.add_argument("--save", default=None, help="folder to save the model's torch_dist checkpoint into")
     ap.add_argument("--per-layer", action="store_true", help="moe_layer_freq as a per-layer list")
     from mcore_dapo.bridge.layout import Layout

@@ -1,6 +1,6 @@
-"""Recompute the steps written by the engine's audit (:mod:`mcore_dapo.harness.audit`) on an HF model.
+"""Recompute the steps written by the engine's audit (:mod:`mcore_dapo_checks.audit`) on an HF model.
 
-``python -m mcore_dapo.harness.audit_reference D [--dtype bfloat16]`` prints, for every ``D/step-N/``, the engine's
+``python -m mcore_dapo_checks.audit_reference D [--dtype bfloat16]`` prints, for every ``D/step-N/``, the engine's
 loss and gradient norm and those of the same update computed in one process on the HF transformers model
 loaded from the weights the engine wrote before that step. When the batch carries routed experts
 (router replay R2/R3), the reference's routers are forced to them (:class:`ForcedRoutes`): the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.harness.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES
+from mcore_dapo_checks.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES
 
 
 class ForcedRoutes:
@@ -62,7 +62,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
                    grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
                    rollout_log_prob_shift: float = 0.0, sequences: bool = True) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
-    of :func:`mcore_dapo.harness.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
+    of :func:`mcore_dapo_checks.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). Mutations the checks must
     see: ``routes_offset``, every replayed expert index moved by that many (expert e to e + offset modulo the
     experts: what mixing up expert-parallel ranks' local and global expert indices gives);
@@ -72,7 +72,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     ``sequences=False``: without ``reference_sequences_grad_norm_sum`` (a backward pass per sequence)."""
     from transformers import AutoModelForCausalLM
 
-    from mcore_dapo.harness.verl_dapo import actor_config
+    from mcore_dapo_checks.verl_dapo import actor_config
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     parts = [torch.load(f, weights_only=False) for f in sorted(folder.glob("rank*.pt"))]
@@ -245,7 +245,7 @@ def weights_after(folder: Path, adam: ReferenceAdam, adam_bf16: ReferenceAdam | 
     import json
 
     from mcore_dapo.bridge.models import get_model
-    from mcore_dapo.harness.verl_dapo import beyond_one_step
+    from mcore_dapo_checks.verl_dapo import beyond_one_step
     from mcore_dapo.io.hf_reader import HFReader
 
     hub_slices = get_model(json.loads((folder / "hf" / "config.json").read_text())).hub_slices
@@ -270,7 +270,7 @@ def weights_after(folder: Path, adam: ReferenceAdam, adam_bf16: ReferenceAdam | 
 
 
 def run_settings(root: Path) -> dict:
-    """The loss settings of the run whose audit this is (``settings.json``, which :func:`mcore_dapo.harness.tiny_dapo.run`
+    """The loss settings of the run whose audit this is (``settings.json``, which :func:`mcore_dapo_checks.tiny_dapo.run`
     writes from the run's overrides), beside the steps or beside the folder a linked step comes from."""
     steps = sorted(root.glob("step-*"))
     for folder in [root, *({s.resolve().parent for s in steps[:1]})]:
@@ -494,7 +494,7 @@ def grad_parts(folder: Path) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.audit_reference")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.audit_reference")
     ap.add_argument("audit_dir")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF model's dtype")
     ap.add_argument("--grad-parts", action="store_true",

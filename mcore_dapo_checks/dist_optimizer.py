@@ -2,7 +2,7 @@
 
 Run under torchrun::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.dist_optimizer --hf-path DIR --ep 2 --dtype bf16
+    torchrun --nproc-per-node 2 -m mcore_dapo_checks.dist_optimizer --hf-path DIR --ep 2 --dtype bf16
 
 Builds the bridge's model twice from the same HF weights, wraps each in Megatron's
 DistributedDataParallel (``use_distributed_optimizer`` True for one, False for the other), gets each
@@ -24,7 +24,7 @@ from mcore_dapo.bridge import Bridge, Layout
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.dist_optimizer")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.dist_optimizer")
     ap.add_argument("--hf-path", required=True)
     Layout.add_args(ap, ("tp", "pp", "ep"))
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
@@ -78,7 +78,7 @@ def batch(vocab: int, dp_rank: int, step: int):
     """This data-parallel rank's tokens and labels for ``step`` (alike for both models)."""
     import torch
 
-    from mcore_dapo.harness.tiny import tiny_prompts
+    from mcore_dapo_checks.tiny import tiny_prompts
 
     tokens = tiny_prompts(vocab, batch=2, seq=16, seed=1000 + 10 * step + dp_rank)
     return tokens, torch.roll(tokens, -1, dims=1)

@@ -18,7 +18,7 @@
    ``compute_log_prob`` and
    ``update_actor`` with verl's ``ppo_loss``, then the engine's weights go to the rollout model;
 8. verl's DAPO trainer itself for four steps with the launch scripts' settings
-   (``mcore_dapo.harness.tiny_dapo``: configs/dapo/common.sh with only sizes, counts and the rollout's
+   (``mcore_dapo_checks.tiny_dapo``: configs/dapo/common.sh with only sizes, counts and the rollout's
    CPU settings changed): Ray, the agent loop on verl's own vLLM rollout (vLLM's CPU build; the
    plugin's ``hf_cpu`` stand-in where vLLM is not installed), dynamic batch sizes, the distributed
    optimizer, warm-up, full recompute, offload, validation and checkpoints every 2 steps, verl's
@@ -56,7 +56,7 @@ LAYOUTS = (
 
 
 def reference(hf_dir: Path, out: Path) -> None:
-    subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(hf_dir), str(out)],
+    subprocess.run([sys.executable, "-m", "mcore_dapo_checks.tiny", "reference", str(hf_dir), str(out)],
                    check=True, capture_output=True, text=True)
 
 
@@ -79,7 +79,7 @@ def convert_round_trip(hf_dir: Path, workdir: Path) -> dict:
 
 
 def rollout_sync(hf_dir: Path, ref: Path) -> dict:
-    r = torchrun("mcore_dapo.harness.check_weight_sync", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
+    r = torchrun("mcore_dapo_checks.check_weight_sync", ["--hf-path", str(hf_dir), "--reference", str(ref), "--train",
                                                  *Layout(ep=2).to_argv()], 2)
     big = r["export_big"]
     return {
@@ -101,7 +101,7 @@ def _update_and_reference(module: str, hf_dir: Path, work: Path) -> tuple[dict, 
         return None
     work.mkdir(exist_ok=True)
     got = torchrun(module, ["--hf-path", str(hf_dir), "--work", str(work), *Layout(ep=2).to_argv()], 2)
-    ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path",
+    ref = subprocess.run([sys.executable, "-m", "mcore_dapo_checks.verl_dapo", "reference", "--hf-path",
                           str(hf_dir), "--work", str(work)], check=True, capture_output=True, text=True)
     return got, json.loads(ref.stdout.strip().splitlines()[-1])
 
@@ -110,7 +110,7 @@ NO_VERL = {"skipped": "verl is not installed (pip install -e '.[verl]')"}
 
 
 def dapo_update(hf_dir: Path, workdir: Path) -> dict:
-    pair = _update_and_reference("mcore_dapo.harness.verl_dapo", hf_dir, workdir / "dapo")
+    pair = _update_and_reference("mcore_dapo_checks.verl_dapo", hf_dir, workdir / "dapo")
     if pair is None:
         return NO_VERL
     got, want = pair
@@ -125,7 +125,7 @@ def dapo_update(hf_dir: Path, workdir: Path) -> dict:
 
 
 def verl_engine_update(hf_dir: Path, workdir: Path) -> dict:
-    pair = _update_and_reference("mcore_dapo.harness.verl_engine", hf_dir, workdir / "verl-engine")
+    pair = _update_and_reference("mcore_dapo_checks.verl_engine", hf_dir, workdir / "verl-engine")
     if pair is None:
         return NO_VERL
     got, want = pair
@@ -146,8 +146,8 @@ def verl_trainer(workdir: Path, steps: int = 4) -> dict:
 
     if importlib.util.find_spec("verl") is None or importlib.util.find_spec("transfer_queue") is None:
         return {"skipped": "verl / TransferQueue are not installed (pip install -r requirements/lock-verl.txt)"}
-    from mcore_dapo.harness.tiny_dapo import per_step as step_rows
-    from mcore_dapo.harness.tiny_dapo import run
+    from mcore_dapo_checks.tiny_dapo import per_step as step_rows
+    from mcore_dapo_checks.tiny_dapo import run
 
     rollout = "vllm" if importlib.util.find_spec("vllm") is not None else "hf_cpu"
     # a fresh run each time: the launch scripts resume (resume_mode=auto) from an earlier demo's checkpoints,
@@ -168,7 +168,7 @@ def verl_trainer(workdir: Path, steps: int = 4) -> dict:
 def run_demo(workdir: Path, progress: bool = True) -> dict:
     from tqdm import tqdm
 
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     t0 = time.time()
     steps = tqdm(total=7 + len(LAYOUTS), desc="demo", disable=not progress, file=sys.stderr)
@@ -185,7 +185,7 @@ def run_demo(workdir: Path, progress: bool = True) -> dict:
     step("HF reference logits (clean process)", reference, hf_dir, ref)
     runs = []
     for lay in LAYOUTS:
-        r = step(" ".join(lay.args), torchrun, "mcore_dapo.harness.logits",
+        r = step(" ".join(lay.args), torchrun, "mcore_dapo_checks.logits",
                  ["--hf-path", str(hf_dir), "--reference", str(ref), "--backward", *lay.args], lay.nproc)
         r["passed"] = (r["max_abs_diff"] < TOLERANCE and r["grads_finite"] and r["grad_max_rel_err"] < TOLERANCE
                        and r["grads_compared"] == r["grads_reference"])

@@ -1,6 +1,6 @@
 """Weight-sync benchmark. Run under torchrun (``mcore-dapo sync-bench`` launches it)::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.bench_weight_sync --hf-path DIR --ep 2 --bucket-mb 1024
+    torchrun --nproc-per-node 2 -m mcore_dapo_checks.bench_weight_sync --hf-path DIR --ep 2 --bucket-mb 1024
 
 Builds the sharded Megatron model from the checkpoint, exports it ``--repeat``
 times (timed, nothing consumed), once more checking every tensor bit for bit
@@ -24,7 +24,7 @@ TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def bench_parser(prog: str) -> argparse.ArgumentParser:
-    """The arguments both sync benches take (this one and :mod:`mcore_dapo.harness.bench_vllm_sync`)."""
+    """The arguments both sync benches take (this one and :mod:`mcore_dapo_checks.bench_vllm_sync`)."""
     ap = argparse.ArgumentParser(prog=prog)
     ap.add_argument("--hf-path", required=True)
     from mcore_dapo.bridge.layout import Layout
@@ -40,7 +40,7 @@ def bench_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None):
-    ap = bench_parser("python -m mcore_dapo.harness.bench_weight_sync")
+    ap = bench_parser("python -m mcore_dapo_checks.bench_weight_sync")
     ap.add_argument("--device", default=None)
     ap.add_argument("--output-ring", type=int, default=1, help="pooled output buffers (0: a fresh one per bucket)")
     return ap.parse_args(argv)

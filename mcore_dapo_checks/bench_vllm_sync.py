@@ -1,7 +1,7 @@
 """Weight-sync benchmark into the real vLLM engine. Run under torchrun (``mcore-dapo sync-bench --rollout vllm``
 launches it)::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.bench_vllm_sync --hf-path DIR --ep 2
+    torchrun --nproc-per-node 2 -m mcore_dapo_checks.bench_vllm_sync --hf-path DIR --ep 2
 
 Rank 0 starts one vLLM engine (the CPU build, or vLLM / vllm-ascend on the device rank 0 uses) on *dummy*
 weights (vLLM's ``load_format="dummy"``), so a sync that writes nothing cannot pass. All ranks build the
@@ -27,13 +27,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from mcore_dapo.harness.bench_weight_sync import DTYPES, TORCH, _status, bench_parser, kv_table
+from mcore_dapo_checks.bench_weight_sync import DTYPES, TORCH, _status, bench_parser, kv_table
 
 VLLM_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def parse_args(argv=None):
-    ap = bench_parser("python -m mcore_dapo.harness.bench_vllm_sync")
+    ap = bench_parser("python -m mcore_dapo_checks.bench_vllm_sync")
     ap.add_argument("--device", choices=("cpu", "cuda", "npu"), default="cpu")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--sync-timeout", type=float, default=1800.0)
@@ -67,7 +67,7 @@ def run(a) -> dict:
     import ray
 
     from mcore_dapo.bridge import Bridge, Layout
-    from mcore_dapo.harness.check_vllm_sync import _rollout_adapter, start_engine_host
+    from mcore_dapo_checks.check_vllm_sync import _rollout_adapter, start_engine_host
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.runtime.model import build_model, load_hf_weights
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
@@ -99,10 +99,10 @@ def run(a) -> dict:
 def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
     import ray
 
-    from mcore_dapo.harness.bench_weight_sync import memcpy_gbps
-    from mcore_dapo.harness.tiny import tiny_prompts
+    from mcore_dapo_checks.bench_weight_sync import memcpy_gbps
+    from mcore_dapo_checks.tiny import tiny_prompts
     from mcore_dapo.errors import UserError
-    from mcore_dapo.harness.check_vllm_sync import device_uuid, vllm_layout
+    from mcore_dapo_checks.check_vllm_sync import device_uuid, vllm_layout
     from mcore_dapo.resharding import WeightExporter, check_before_writing
     from mcore_dapo.resharding.vllm_target import VllmTarget
 

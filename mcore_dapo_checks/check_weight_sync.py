@@ -1,6 +1,6 @@
 """Check a weight sync end to end in one layout. Run under torchrun, one process per device::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.check_weight_sync --hf-path DIR --reference REF.pt --ep 2 --train
+    torchrun --nproc-per-node 2 -m mcore_dapo_checks.check_weight_sync --hf-path DIR --reference REF.pt --ep 2 --train
 
 Builds the sharded Megatron model from the HF checkpoint, then on every rank:
 exports it bit-exactly (large and small buckets, kept and cast dtype), syncs it
@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.check_weight_sync")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.check_weight_sync")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--reference", required=True)
     from mcore_dapo.bridge.layout import LAYOUT_FLAGS, Layout

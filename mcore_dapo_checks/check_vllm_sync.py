@@ -2,7 +2,7 @@
 
 Run under torchrun (4 processes cover every layout; the tests launch it once)::
 
-    torchrun --nproc-per-node 4 -m mcore_dapo.harness.check_vllm_sync --hf-path DIR --layouts tp1-ep2,tp2-ep2,pp2-ep2
+    torchrun --nproc-per-node 4 -m mcore_dapo_checks.check_vllm_sync --hf-path DIR --layouts tp1-ep2,tp2-ep2,pp2-ep2
 
 Rank 0 starts Ray and one vLLM engine (vLLM's ``LLM``, CPU build, fp32, the checkpoint's weights, verl's
 ``vLLMColocateWorkerExtension`` as its worker extension) in a Ray actor named as verl's vLLM server
@@ -27,11 +27,11 @@ import sys
 import torch
 
 SERVER = "vllm_server_0_0"  # verl's ServerAdapter looks its server up as f"{name}_server_{replica}_{node}"
-WORKER_EXTENSION = "mcore_dapo.harness.check_vllm_sync.ReadBackExtension"
+WORKER_EXTENSION = "mcore_dapo_checks.check_vllm_sync.ReadBackExtension"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.check_vllm_sync")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.check_vllm_sync")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--layouts", default="tp1-ep2,tp2-ep2,pp2-ep2")
     ap.add_argument("--bucket-mb", type=int, default=16)
@@ -246,7 +246,7 @@ def compare(engine: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> d
 
 
 def hf_prompt_logprobs(hf_path: str, weights: dict[str, torch.Tensor], tokens: list[list[int]]) -> list[list[float]]:
-    from mcore_dapo.harness.check_weight_sync import hf_model
+    from mcore_dapo_checks.check_weight_sync import hf_model
     from mcore_dapo.resharding import HFQwen3MoeReceiver
 
     model = hf_model(hf_path, seed=3)
@@ -278,8 +278,8 @@ def _one_layout(a, layout, host, adapter, step: int) -> dict:
     from megatron.core import parallel_state as ps
 
     from mcore_dapo.bridge import Bridge
-    from mcore_dapo.harness.check_weight_sync import train_step
-    from mcore_dapo.harness.tiny import tiny_prompts
+    from mcore_dapo_checks.check_weight_sync import train_step
+    from mcore_dapo_checks.tiny import tiny_prompts
     from mcore_dapo.io.hf_reader import HFReader
     from mcore_dapo.resharding import WeightExporter, check_before_writing
     from mcore_dapo.resharding.vllm_target import VllmTarget

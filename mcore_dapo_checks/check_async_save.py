@@ -1,6 +1,6 @@
 """The background writer (:mod:`mcore_dapo.io.async_save`) on its own, under torchrun.
 
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.check_async_save --work W``
+``torchrun --nproc-per-node 2 -m mcore_dapo_checks.check_async_save --work W``
 
 Each rank holds a tensor of its own values, saved with Megatron's ``dist_checkpointing.save(...,
 async_sharded_save=True)`` through the writer's persistent worker; right after the request is scheduled the
@@ -88,7 +88,7 @@ def run(a) -> dict:
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.check_async_save")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.check_async_save")
     ap.add_argument("--work", required=True)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)

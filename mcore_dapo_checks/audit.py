@@ -1,7 +1,7 @@
 """Audit of verl's training steps on the plugin's engine against an HF transformers reference.
 
 With :func:`audit_env` in the environment of verl's workers (``MCORE_DAPO_AUDIT_DIR=D`` and the engine hook
-``MCORE_DAPO_ENGINE_HOOK=mcore_dapo.harness.audit:audited``), the plugin registers its engine classes wrapped by
+``MCORE_DAPO_ENGINE_HOOK=mcore_dapo_checks.audit:audited``), the plugin registers its engine classes wrapped by
 :func:`audited` (:func:`mcore_dapo.verl_plugin.engine.hooked`); the plugin never imports this module itself. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
 through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, the routed experts the update replays under router
@@ -9,7 +9,7 @@ replay R2/R3, and with verl's rollout correction the importance weights and the 
 router's gradient norm before the optimizer step, Megatron's Adam settings, and the weights after the
 update (``D/step-N/hf-after``); every checkpoint saved or loaded, what the engine holds then
 (:func:`checkpoint_state`).
-:func:`mcore_dapo.harness.audit_reference.reference` recomputes each step on the HF model loaded from those
+:func:`mcore_dapo_checks.audit_reference.reference` recomputes each step on the HF model loaded from those
 weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; with routes in
 the batch, its routers forced to them) and returns
 both gradient norms: the engine's whole path (verl's micro-batching and loss scaling, Megatron's

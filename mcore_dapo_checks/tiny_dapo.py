@@ -5,9 +5,9 @@ settings, no packed sequences); on are the scripts' dynamic batch sizes, distrib
 warm-up, full recompute, parameter and optimizer offload, validation, checkpoints with
 ``resume_mode=auto``, dynamic sampling and verl's own ``math_dapo`` reward.
 
-``mcore-dapo tiny-dapo --workdir W --steps 4`` (or ``python -m mcore_dapo.harness.tiny_dapo``, the same command)
+``mcore-dapo tiny-dapo --workdir W --steps 4`` (or ``python -m mcore_dapo_checks.tiny_dapo``, the same command)
 
-prepares ``W`` (:mod:`mcore_dapo.harness.math_task`: the tiny Qwen3-MoE taught the answer form, a
+prepares ``W`` (:mod:`mcore_dapo_checks.math_task`: the tiny Qwen3-MoE taught the answer form, a
 word-level tokenizer with a chat template, train/val parquet files in the guide's schema) and runs
 ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``, the scripts' entry point. verl writes its
 metrics, one JSON line per step, to ``W/metrics.jsonl`` and its console log to ``W/train.log``;
@@ -262,7 +262,7 @@ LOSS_KEYS = {"use_kl_loss": "actor_rollout_ref.actor.use_kl_loss", "kl_loss_coef
 
 def loss_settings(args: list[str]) -> dict:
     """What the run's overrides set of :data:`LOSS_KEYS` (the last value of a key wins, as in Hydra); keys they leave
-    to verl's defaults are absent (the reference takes verl's, :data:`mcore_dapo.harness.audit_reference.LOSS_DEFAULTS`)."""
+    to verl's defaults are absent (the reference takes verl's, :data:`mcore_dapo_checks.audit_reference.LOSS_DEFAULTS`)."""
     import yaml
 
     values = {key_of(a): a.split("=", 1)[1] for a in args if "=" in a}
@@ -284,10 +284,10 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
         extra: tuple[str, ...] = (), teach_p: float | None = None, layout: str = "ep2", gen_tp: int = 1,
         kill_when=None, trainer_mode: str = "sync") -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
-    that step (:mod:`mcore_dapo.harness.audit`); the result gets, per step, the engine's and the
+    that step (:mod:`mcore_dapo_checks.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
-    the taught model's share of right answers (:func:`mcore_dapo.harness.math_task.prepare`); ``layout``: one of
+    the taught model's share of right answers (:func:`mcore_dapo_checks.math_task.prepare`); ``layout``: one of
     :data:`LAYOUT_CLASSES` (a device script's layout at tiny size); ``gen_tp``: the rollout's tensor-parallel size;
     ``kill_when``: every process of the trainer is SIGKILLed once it returns True (:func:`run_session`)."""
     import shutil
@@ -296,7 +296,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     workdir.mkdir(parents=True, exist_ok=True)
     audit_dir = workdir / "audit"
     shutil.rmtree(audit_dir, ignore_errors=True)
-    from mcore_dapo.harness.math_task import prepare as prepare_math
+    from mcore_dapo_checks.math_task import prepare as prepare_math
 
     layout_args(layout)  # an unknown layout or mode is refused before anything is prepared
     check_trainer_mode(trainer_mode)
@@ -316,7 +316,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
                       gen_tp=gen_tp, trainer_mode=trainer_mode), *more, *extra]
     if audit:
-        from mcore_dapo.harness.audit import audit_env
+        from mcore_dapo_checks.audit import audit_env
 
         env.update(audit_env(audit_dir))
         audit_dir.mkdir(parents=True)
@@ -333,7 +333,7 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     if records:
         result["plot"] = str(plot(workdir / "train.log", workdir / "tiny_dapo.png", layout))
     if audit and returncode == 0:
-        from mcore_dapo.harness.audit_reference import reference
+        from mcore_dapo_checks.audit_reference import reference
 
         result["audit"] = reference(audit_dir)
     return result
@@ -391,7 +391,7 @@ def plot(train_log: Path, out: Path, layout: str = "ep2") -> Path:
 
 
 def main(argv=None) -> int:
-    """``python -m mcore_dapo.harness.tiny_dapo ARGS`` is ``mcore-dapo tiny-dapo ARGS`` (one entry point)."""
+    """``python -m mcore_dapo_checks.tiny_dapo ARGS`` is ``mcore-dapo tiny-dapo ARGS`` (one entry point)."""
     from mcore_dapo.cli.main import run as cli
 
     return cli(["tiny-dapo", *(sys.argv[1:] if argv is None else argv)])

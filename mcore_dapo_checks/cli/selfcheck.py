@@ -19,7 +19,7 @@ failed step does not hide the others:
    bit-exact against the checkpoint, seconds, GB/s and the memcpy bound measured in the same run;
 6. ``rollout_sync``: the exporter's stream into the rollout engine itself (vLLM's CPU build, vLLM on CUDA,
    vllm-ascend) through verl's ``ServerAdapter.update_weights``, the engine started on dummy weights and
-   colocated with rank 0 (:mod:`mcore_dapo.harness.bench_vllm_sync`): the engine's parameters equal the export
+   colocated with rank 0 (:mod:`mcore_dapo_checks.bench_vllm_sync`): the engine's parameters equal the export
    bit for bit, seconds, GB/s, and vLLM's log-probs against HF's on the same weights (< 1e-4 in fp32;
    reported, not judged, in bf16, where the two use different kernels);
 7. ``dapo_update``: one DAPO update through verl's engine path with this plugin's engine (packed
@@ -114,7 +114,7 @@ class SelfCheck:
         return env.collect(self.device)
 
     def step_model(self) -> dict:
-        from mcore_dapo.harness.tiny import make_tiny_model, make_truncated_model
+        from mcore_dapo_checks.tiny import make_tiny_model, make_truncated_model
 
         self._device_present()
         model, ref = self.work / "model", self.work / "reference.pt"
@@ -129,7 +129,7 @@ class SelfCheck:
         seq = "64" if self.accelerator else "16"
         dp = self.layout.dp(self.nproc)  # 4 sequences or one for each data-parallel rank, the same number each
         batch = str(-(-max(4, dp) // dp) * dp)
-        subprocess.run([sys.executable, "-m", "mcore_dapo.harness.tiny", "reference", str(model), str(ref),
+        subprocess.run([sys.executable, "-m", "mcore_dapo_checks.tiny", "reference", str(model), str(ref),
                         "--seq", seq, "--batch", batch, "--padded-vocab", str(padded)],
                        check=True, capture_output=True, text=True)
         self.model = model
@@ -138,7 +138,7 @@ class SelfCheck:
                 "layout": self.layout.describe()}
 
     def step_megatron_vs_hf(self) -> dict:
-        r = self._torchrun("mcore_dapo.harness.logits",
+        r = self._torchrun("mcore_dapo_checks.logits",
                            ["--hf-path", str(self._model()), "--reference", str(self.work / "reference.pt"),
                             "--device", self.device, "--dtype", self.dtype, "--backward", *self.layout.to_argv()])
         r["tolerance"] = TOLERANCE[self.dtype]
@@ -164,7 +164,7 @@ class SelfCheck:
                 "bit_exact": not differ, "first_difference": differ[0] if differ else None, "ok": not differ}
 
     def step_export(self) -> dict:
-        r = self._torchrun("mcore_dapo.harness.bench_weight_sync",
+        r = self._torchrun("mcore_dapo_checks.bench_weight_sync",
                            ["--hf-path", str(self._model()), "--device", self.device, *self.layout.to_argv()])
         r["ok"] = bool(r["bit_exact"])
         return r
@@ -175,7 +175,7 @@ class SelfCheck:
             raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
         if importlib.util.find_spec("verl") is None:  # the weights go through verl's own ServerAdapter
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
-        r = self._torchrun("mcore_dapo.harness.bench_vllm_sync",
+        r = self._torchrun("mcore_dapo_checks.bench_vllm_sync",
                            ["--hf-path", str(self._model()), "--device", self.device, "--repeat", "2",
                             *self.layout.to_argv()])
         r["logprob_tolerance"] = LOGPROB_TOLERANCE_FP32 if self.dtype == "fp32" else None
@@ -190,7 +190,7 @@ class SelfCheck:
         if self.adapter.packed_sequences_supported():
             args.append("--remove-padding")
         (self.work / "dapo").mkdir(exist_ok=True)
-        r = self._torchrun("mcore_dapo.harness.verl_engine", args)
+        r = self._torchrun("mcore_dapo_checks.verl_engine", args)
         from mcore_dapo.plan.memory import OVERHEAD_GIB
 
         r["planner_peak_gib"] = round(planner_peak_gib(load_hf_config(self.model), self.layout, self.nproc), 3)
@@ -200,7 +200,7 @@ class SelfCheck:
         if r["peak_device_bytes"] is not None:
             r["peak_device_gib"] = round(r["peak_device_bytes"] / 2**30, 3)
             r["measured_over_planned"] = round(r["peak_device_gib"] / r["planner_allocated_gib"], 3)
-        ref = subprocess.run([sys.executable, "-m", "mcore_dapo.harness.verl_dapo", "reference", "--hf-path",
+        ref = subprocess.run([sys.executable, "-m", "mcore_dapo_checks.verl_dapo", "reference", "--hf-path",
                               str(self._model()), "--work", str(self.work / "dapo")],
                              capture_output=True, text=True, timeout=max(60.0, self.left()))
         if ref.returncode:
@@ -273,8 +273,8 @@ class SelfCheck:
 
 def planner_peak_gib(cfg, layout: Layout, nproc: int) -> float:
     """The planner's peak memory of one update (GiB, largest stage) for the batch of the dapo_update step."""
-    from mcore_dapo.harness.verl_dapo import GROUPS, N, PROMPT, RESPONSE
-    from mcore_dapo.harness.verl_engine import MICRO
+    from mcore_dapo_checks.verl_dapo import GROUPS, N, PROMPT, RESPONSE
+    from mcore_dapo_checks.verl_engine import MICRO
     from mcore_dapo.plan import PlanLayout, Workload, get_device
     from mcore_dapo.plan.memory import estimate_memory
 

@@ -3,7 +3,7 @@
 every trainer rank, ``receive_weights`` on the rollout's, ``finalize``), without Ray or a model: two trainer ranks
 (a gloo default group of their own, as Megatron's) and one rollout rank, each a process.
 
-``python -m mcore_dapo.harness.check_checkpoint_engine OUT`` runs two syncs in the same processes, each with its
+``python -m mcore_dapo_checks.check_checkpoint_engine OUT`` runs two syncs in the same processes, each with its
 own process group as verl rebuilds one per sync, and writes ``OUT/result.json``: per sync, what the receiver got
 (names, and whether every tensor equals the sender's bit for bit), whether its consumer committed (it commits only
 after the stream's end, as the hf_cpu server does), and each process's error line. Each sync carries a mutation:
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-MODULE = "mcore_dapo.harness.check_checkpoint_engine"
+MODULE = "mcore_dapo_checks.check_checkpoint_engine"
 BUCKET = 4096  # bytes: several buckets, and one tensor larger than a bucket (split in chunks)
 
 
@@ -134,7 +134,7 @@ def run(out: Path, timeout: float = 400) -> dict:
     for f in (*(f"master-{s}.json" for s in SYNCS), "received.json", "trainer0.json", "trainer1.json",
               "trainer.store", "sync.jsonl"):
         (out / f).unlink(missing_ok=True)
-    from mcore_dapo.harness.audit import audit_env
+    from mcore_dapo_checks.audit import audit_env
 
     env = {**os.environ, **audit_env(out), "OMP_NUM_THREADS": "1"}
     roles = [["trainer", "0"], ["trainer", "1"], ["rollout", "0"]]
@@ -170,7 +170,7 @@ def run(out: Path, timeout: float = 400) -> dict:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.check_checkpoint_engine")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.check_checkpoint_engine")
     ap.add_argument("out")
     ap.add_argument("--role", choices=["trainer", "rollout"], default=None)
     ap.add_argument("--rank", type=int, default=0)

@@ -1,5 +1,5 @@
 """``mcore-dapo sync-bench``: time a trainer -> rollout weight sync of a checkpoint in a layout
-(``--rollout vllm``: into a real vLLM engine, :mod:`mcore_dapo.harness.bench_vllm_sync`).
+(``--rollout vllm``: into a real vLLM engine, :mod:`mcore_dapo_checks.bench_vllm_sync`).
 
 Hooked into ``mcore-dapo`` with :func:`add_commands`. The command starts the
 benchmark under torchrun itself (CPU processes unless a device is given) and
@@ -75,7 +75,7 @@ def _args(a, layout, status: Path) -> list[str]:
 
 
 def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: float,
-                          module: str = "mcore_dapo.harness.bench_weight_sync") -> dict:
+                          module: str = "mcore_dapo_checks.bench_weight_sync") -> dict:
     """torchrun in a thread; the bar shows what rank 0 reports it is doing."""
     from tqdm import tqdm
 
@@ -104,8 +104,8 @@ def _launch_with_progress(args: list[str], nproc: int, status: Path, timeout: fl
 
 
 def sync_bench(a) -> int:
-    from mcore_dapo.harness.bench_weight_sync import render
-    from mcore_dapo.harness.bench_vllm_sync import render as render_vllm
+    from mcore_dapo_checks.bench_weight_sync import render
+    from mcore_dapo_checks.bench_vllm_sync import render as render_vllm
     from mcore_dapo.runtime.launch import LaunchError
 
     layout, nproc = _validated(a)
@@ -113,7 +113,7 @@ def sync_bench(a) -> int:
         status = Path(tmp) / "status"
         t0 = time.time()
         try:
-            module = "mcore_dapo.harness.bench_vllm_sync" if a.rollout == "vllm" else "mcore_dapo.harness.bench_weight_sync"
+            module = "mcore_dapo_checks.bench_vllm_sync" if a.rollout == "vllm" else "mcore_dapo_checks.bench_weight_sync"
             r = _launch_with_progress(_args(a, layout, status), nproc, status, a.timeout, module)
         except LaunchError as e:
             print(f"sync-bench failed: {e}", file=sys.stderr)

@@ -1,6 +1,6 @@
 """A DAPO policy update through verl's own Megatron engine path, with this plugin's engine.
 
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.verl_engine --hf-path DIR --work W --ep 2``
+``torchrun --nproc-per-node 2 -m mcore_dapo_checks.verl_engine --hf-path DIR --work W --ep 2``
 
 Every rank composes verl's ``ppo_trainer`` config with Hydra from the user's overrides
 (``actor_rollout_ref.actor.strategy=megatron`` and the Megatron sizes), builds verl's
@@ -9,7 +9,7 @@ Every rank composes verl's ``ppo_trainer`` config with Hydra from the user's ove
 ``compute_log_prob`` (the old policy, ``infer_batch``) and ``update_actor``
 (``train_mini_batch`` -> ``MegatronEngine.forward_backward_batch`` with verl's
 ``ppo_loss``, then Megatron's optimizer). The batch is the one of
-:mod:`mcore_dapo.harness.verl_dapo` (verl's ``dapo`` reward manager, GRPO advantages),
+:mod:`mcore_dapo_checks.verl_dapo` (verl's ``dapo`` reward manager, GRPO advantages),
 padded left/right as verl's rollout leaves it and converted with verl's
 ``left_right_2_no_padding``. After the update the weights go to an HF model through the
 engine's ``get_per_tensor_param``; ``verl_dapo reference`` repeats the update in one process.
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from mcore_dapo.bridge.layout import Layout
-from mcore_dapo.harness.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
+from mcore_dapo_checks.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
 
 MICRO = 2
 
@@ -313,7 +313,7 @@ def replay_run(a) -> dict:
     replay in update_actor), then R3 with routes of an HF model in the rollout's format."""
     import torch.distributed as dist
 
-    from mcore_dapo.harness import audit
+    from mcore_dapo_checks import audit
     from mcore_dapo.verl_plugin.router_replay import AGREEMENT, REPLAYED, model_routers
     from mcore_dapo.verl_cpu.rollout import RouteRecorder
     from verl.utils import tensordict_utils as tu
@@ -403,7 +403,7 @@ def replay_run(a) -> dict:
             result[f"error_{name}"] = f"{type(e).__name__}: {e}"
     if dist.get_rank() != 0:
         return None
-    from mcore_dapo.harness.audit_reference import reference_step
+    from mcore_dapo_checks.audit_reference import reference_step
 
     folder = next((Path(a.work) / "audit-r2").glob("step-*"))
     result["r2_reference_forced"] = reference_step(folder)
@@ -513,7 +513,7 @@ def _broadcast_from_collectors(engine, value, shape):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.verl_engine")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.verl_engine")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)
     Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)  # --pp: pipeline stages (--replay)

@@ -1,25 +1,24 @@
-"""Build the bridge's sharded Megatron model from an HF checkpoint and compare it with HF.
+"""The forward (and, with ``--backward``, gradient) check behind ``mcore-convert verify``: build the bridge's
+sharded Megatron model from an HF checkpoint (or a Megatron checkpoint with ``--mcore-path``) and compare it with
+the HF model.
 
 Run under torchrun, one process per device::
 
-    torchrun --nproc-per-node 2 -m mcore_dapo.harness.logits --hf-path DIR --reference REF.pt --ep 2
+    torchrun --nproc-per-node 2 -m mcore_dapo.convert.forward_check --hf-path DIR --reference REF.pt --ep 2
 
 ``REF.pt`` holds a right-padded batch (``tokens``, ``attention_mask``, ``labels``, ``loss_mask``) and the HF
 model's ``logits``, loss and gradients over the whole batch, computed in a clean process
-(``python -m mcore_dapo.harness.tiny reference DIR REF.pt``). Each data-parallel rank runs its own share of the
+(``python -m mcore_dapo.convert.hf_reference DIR REF.pt``). Each data-parallel rank runs its own share of the
 sequences; logits are compared on the real tokens of each rank's rows, the loss and the gradients over the
 whole batch. Every rank prints nothing; rank 0 writes the JSON result to ``--out`` (or stdout).
 
-``MCORE_DAPO_MUTATE`` breaks Megatron on purpose, to show what the comparison catches: ``ddp-local`` (the
-data-parallel gradient reduction replaced by the local gradient times the group size), ``ddp-local-experts``
-(the same for the experts' expert-data-parallel reduction only), ``dispatch-swap`` (the alltoall dispatcher's
-received chunks of source ranks 0 and 1 swapped).
+``prepare``, a function of :func:`run`, is called once the parallel state exists (the checks' mutations:
+``mcore_dapo_checks.logits``).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -28,7 +27,7 @@ from mcore_dapo.bridge.layout import LAYOUT_FLAGS
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.logits")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.convert.forward_check")
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--reference", required=True)
     Layout.add_args(ap, (*LAYOUT_FLAGS, "vpp"))
@@ -56,60 +55,7 @@ def _reduced(values: list[float], device, op=None) -> list[float]:
     return t.tolist()
 
 
-MUTATIONS = ("ddp-local", "ddp-local-experts", "dispatch-swap")
-
-
-def _mutate(kind: str) -> None:
-    """Break Megatron on purpose (``MCORE_DAPO_MUTATE``): each must fail the comparison."""
-    import torch
-
-    from mcore_dapo.errors import accepted
-
-    if kind in ("ddp-local", "ddp-local-experts"):
-        from megatron.core.distributed import param_and_grad_buffer as pgb
-
-        reduce = pgb._ParamAndGradBucketGroup.start_grad_sync
-
-        def local(self, force_all_reduce=False):
-            # the experts' buckets (their parameters marked allreduce=False) only, with ddp-local-experts
-            if kind == "ddp-local-experts" and all(getattr(p, "allreduce", True) for p in self.params):
-                return reduce(self, force_all_reduce)
-            # no communication: every rank takes its own gradient for the group's sum
-            for bucket in self.buckets:
-                bucket.grad_data *= bucket.gradient_scaling_factor * self.data_parallel_group.size()
-
-        pgb._ParamAndGradBucketGroup.start_grad_sync = local
-    elif kind == "dispatch-swap":
-        from megatron.core.transformer.moe import token_dispatcher as td
-
-        cls, original, dispatching = td.MoEAlltoAllTokenDispatcher, td.all_to_all, [False]
-        name = "token_dispatch" if hasattr(cls, "token_dispatch") else "token_permutation"  # 0.16 / 0.12
-
-        def swapped(group, input_, output_split_sizes=None, input_split_sizes=None):
-            out = original(group, input_, output_split_sizes, input_split_sizes)
-            if not dispatching[0] or group.size() < 2:
-                return out
-            sizes = output_split_sizes
-            sizes = [out.shape[0] // group.size()] * group.size() if sizes is None else [int(x) for x in sizes]
-            parts = list(torch.split(out, sizes, dim=0))
-            parts[0], parts[1] = parts[1], parts[0]
-            return torch.cat(parts, dim=0)
-
-        def dispatch(self, *args, **kwargs):
-            dispatching[0] = True
-            try:
-                return getattr(cls, "_unmutated")(self, *args, **kwargs)
-            finally:
-                dispatching[0] = False
-
-        cls._unmutated = getattr(cls, name)
-        setattr(cls, name, dispatch)
-        td.all_to_all = swapped
-    else:
-        raise accepted("MCORE_DAPO_MUTATE", kind, f"one of {', '.join(MUTATIONS)}")
-
-
-def run(a) -> dict:
+def run(a, prepare=None) -> dict:
     from mcore_dapo.runtime.parallel import init_parallel, parallel_info
 
     t0 = time.time()
@@ -117,8 +63,8 @@ def run(a) -> dict:
     bridge = Bridge.from_hf(a.hf_path, layout, make_vocab_size_divisible_by=a.vocab_divisible_by)
     adapter = init_parallel(layout, a.device)
     info = parallel_info()
-    if os.environ.get("MCORE_DAPO_MUTATE"):
-        _mutate(os.environ["MCORE_DAPO_MUTATE"])
+    if prepare is not None:
+        prepare()
     # no auxiliary load-balancing loss, as verl's engine trains (aux_loss_coeff=0): the backward's loss is
     # the cross-entropy alone, which the HF reference computes
     stages = {k: v for k, v in (("num_layers_in_first_pipeline_stage", a.first),

@@ -1,12 +1,12 @@
 """A checkpoint of verl's engine resumed under another layout, optimizer state included.
 
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume save --hf-path DIR --work W``
-``torchrun --nproc-per-node 2 -m mcore_dapo.harness.reshard_resume resume --hf-path DIR --work W --tp 2 --ep 2
+``torchrun --nproc-per-node 2 -m mcore_dapo_checks.reshard_resume save --hf-path DIR --work W``
+``torchrun --nproc-per-node 2 -m mcore_dapo_checks.reshard_resume resume --hf-path DIR --work W --tp 2 --ep 2
 --checkpoint W/last/global_step_4/actor``
 
 Through verl's worker calls (``ActorRolloutRefWorker`` -> the plugin's ``McoreDapoEngine``, the distributed
 optimizer, verl's LR scheduler restored from the checkpoint as the launch scripts set it), as
-:mod:`mcore_dapo.harness.verl_engine` drives them. ``save`` (EP2): update 1 on batch A, ``save_checkpoint``
+:mod:`mcore_dapo_checks.verl_engine` drives them. ``save`` (EP2): update 1 on batch A, ``save_checkpoint``
 (step 1, in the format of a periodic save: no gather, the same layout resumes it; then the same state as the run's
 last step ``W/last/global_step_4``, in the format another layout loads), update 2 on batch B: the uninterrupted
 run, whose loss, grad norm and weights after update 2 (the export, bf16) are written to ``W``. ``--set`` passes
@@ -39,8 +39,8 @@ def start(a, tp: int, pp: int, ep: int, extra: tuple[str, ...] = ()):
     from transformers import AutoConfig
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
-    from mcore_dapo.harness.verl_dapo import make_batch
-    from mcore_dapo.harness.verl_engine import dist_world, overrides, rollout_batch
+    from mcore_dapo_checks.verl_dapo import make_batch
+    from mcore_dapo_checks.verl_engine import dist_world, overrides, rollout_batch
     from mcore_dapo.verl_plugin.main_dapo import compose
     from mcore_dapo.verl_plugin.overrides import rewrite
 
@@ -61,7 +61,7 @@ def engine_logp(worker, engine, batch, data) -> torch.Tensor:
     """verl's compute_log_prob on ``batch``: the response tokens' log-probs, ``[batch, response]``."""
     from verl.utils import tensordict_utils as tu
 
-    from mcore_dapo.harness.verl_engine import _gather_logp, dispatch, engine_batch
+    from mcore_dapo_checks.verl_engine import _gather_logp, dispatch, engine_batch
 
     td = engine_batch(data)
     tu.assign_non_tensor(td, calculate_entropy=False, calculate_sum_pi_squared=False, compute_loss=False)
@@ -71,7 +71,7 @@ def engine_logp(worker, engine, batch, data) -> torch.Tensor:
 
 def update(worker, engine, batch, data) -> dict:
     """verl's compute_log_prob then update_actor on ``batch`` (:func:`verl_engine._old_policy`'s old policy)."""
-    from mcore_dapo.harness.verl_engine import _scalar, one_update
+    from mcore_dapo_checks.verl_engine import _scalar, one_update
 
     lr = float(engine.optimizer.param_groups[0]["lr"])  # what this update applies (read before it)
     _, metrics = one_update(worker, engine, batch, data)
@@ -86,7 +86,7 @@ def export(engine) -> dict[str, torch.Tensor]:
 def against(got: dict, want: dict, start: dict | None = None) -> dict:
     """Weights of an update against the uninterrupted run's: exact equality, the largest difference, and the
     share of elements more than one bf16 step apart (:func:`verl_dapo.beyond_one_step`)."""
-    from mcore_dapo.harness.verl_dapo import beyond_one_step
+    from mcore_dapo_checks.verl_dapo import beyond_one_step
 
     beyond = total = moved = 0
     worst = 0.0
@@ -169,10 +169,10 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
 
 
 def restored_pieces(held: dict, loaded: dict) -> list[str]:
-    """The pieces of :func:`mcore_dapo.harness.audit.held_state` that differ between what an engine held at
+    """The pieces of :func:`mcore_dapo_checks.audit.held_state` that differ between what an engine held at
     a save and what another holds after loading it (same layout: the same shards in the same order);
     optimizer entries by index and key."""
-    from mcore_dapo.harness.resume import _same
+    from mcore_dapo_checks.resume import _same
 
     out = [k for k in ("model", "lr_scheduler", "rng", "lr") if not _same(held[k], loaded[k])]
     if len(held["optimizer"]) != len(loaded["optimizer"]):
@@ -211,7 +211,7 @@ def save_run(a) -> dict:
     engine.save_checkpoint(str(work / "last" / f"global_step_{LAST_STEP}" / "actor"), global_step=LAST_STEP)
     at_save = export(engine)
     logp = engine_logp(worker, engine, *batches[BATCH_B])  # the engine's log-probs at the save
-    from mcore_dapo.harness.audit import held_state
+    from mcore_dapo_checks.audit import held_state
 
     held = held_state(engine)
     second = update(worker, engine, *batches[BATCH_B])
@@ -428,7 +428,7 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-reshard-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "output.log"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-               f"--master-port={free_port()}", "-m", "mcore_dapo.harness.reshard_resume", mode, "--hf-path",
+               f"--master-port={free_port()}", "-m", "mcore_dapo_checks.reshard_resume", mode, "--hf-path",
                str(hf_path), "--work", str(work), *Layout(tp=tp, pp=pp, ep=ep).to_argv(), "--out", str(out),
                *(["--kill-in-save", kill_in_save] if kill_in_save else []), *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
@@ -444,7 +444,7 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
 def main(argv=None) -> int:
     from mcore_dapo.bridge.layout import Layout
 
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.reshard_resume")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.reshard_resume")
     ap.add_argument("mode", choices=["save", "resume", "bad", "bench"])
     ap.add_argument("--hf-path", required=True)
     ap.add_argument("--work", required=True)

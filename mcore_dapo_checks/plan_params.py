@@ -4,7 +4,7 @@ with the planner's prediction.
 Run under torchrun, one process per device; the layouts of one launch share its world size and
 are built one after the other (Megatron's parallel state is re-initialised between them)::
 
-    torchrun --nproc-per-node 4 -m mcore_dapo.harness.plan_params --hf-path MODEL_DIR \\
+    torchrun --nproc-per-node 4 -m mcore_dapo_checks.plan_params --hf-path MODEL_DIR \\
         --layouts '[{"tp": 2, "ep": 2}, {"pp": 2, "ep": 2, "first": 1, "last": 3}]'
 
 ``--hf-path`` may be repeated; a layout's ``"model": i`` picks the i-th (default 0). Parameter
@@ -18,7 +18,7 @@ On a GPU or NPU node (``--device cuda`` or ``npu``, ``--dtype bf16``) every rank
 ``predicted_weight_bytes`` (the planner's parameter memory). Only ``config.json`` is read, no
 weights, so the real model can be checked on one node, for example::
 
-    torchrun --nproc-per-node 8 -m mcore_dapo.harness.plan_params --hf-path configs/models/qwen3-30b-a3b \\
+    torchrun --nproc-per-node 8 -m mcore_dapo_checks.plan_params --hf-path configs/models/qwen3-30b-a3b \\
         --device cuda --dtype bf16 \\
         --layouts '[{"tp": 2, "ep": 8, "etp": 1}, {"tp": 4, "pp": 2, "ep": 4, "etp": 1, "vpp": 2}]'
 
@@ -42,7 +42,7 @@ LAYOUT_KEYS = ("tp", "pp", "ep", "etp", "cp", "vpp", "first", "last")
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.plan_params")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.plan_params")
     ap.add_argument("--hf-path", required=True, action="append", help="model folder (repeatable)")
     ap.add_argument("--layouts", required=True, help=f"JSON list of objects with keys among {', '.join(LAYOUT_KEYS)}")
     ap.add_argument("--device", default=None)

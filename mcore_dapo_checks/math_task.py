@@ -2,7 +2,7 @@
 by verl's own ``math_dapo`` reward (no custom reward function), that the tiny Qwen3-MoE solves part of
 the time, so that dynamic sampling (``algorithm.filter_groups``) keeps groups.
 
-``python -m mcore_dapo.harness.math_task --workdir W [--measure]``
+``python -m mcore_dapo_checks.math_task --workdir W [--measure]``
 
 The problem: six filler words, then ``d mod 2 ?`` with a digit ``d``; the answer, a string in
 ``reward_model.ground_truth``, is ``0`` or ``1``. A response is the words ``Answer: N``, which the
@@ -12,14 +12,14 @@ filter_groups. Rows reach ``math_dapo.compute_score`` through verl's ``default_c
 ``data_source`` is ``math_dapo`` in the train file and ``aime_tiny`` in the test file (verl routes
 every ``aime*`` source to ``math_dapo``).
 
-:func:`prepare` generates the model (the tiny config of :mod:`mcore_dapo.harness.tiny`, seeded) and
+:func:`prepare` generates the model (the tiny config of :mod:`mcore_dapo_checks.tiny`, seeded) and
 teaches it the answer form in a few seconds of plain supervised training on the CPU, on targets that
 are right with probability :data:`P_TEACH` (0.5: independent of the prompt). Sampled at temperature
 1 it answers ``Answer: 0`` or ``Answer: 1`` and is right about half the time, so nearly every group
 of responses mixes right and wrong (what filter_groups keeps); the rule itself (the parity of ``d``)
-is left for RL to learn. The tokenizer is :func:`mcore_dapo.harness.tiny.chatml_tokenizer`
+is left for RL to learn. The tokenizer is :func:`mcore_dapo_checks.tiny.chatml_tokenizer`
 (``<|im_end|>`` = eos = id 254, ``<|endoftext|>`` = pad = id 255, ``\\n`` = 253, its chat template);
-the trainer runs of :mod:`mcore_dapo.harness.tiny_dapo` train on these files with verl's default reward.
+the trainer runs of :mod:`mcore_dapo_checks.tiny_dapo` train on these files with verl's default reward.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from mcore_dapo.harness.tiny import IM_END, NEWLINE, PAD, VLLM_HEAD_DIM, WORDS, chatml_tokenizer
+from mcore_dapo_checks.tiny import IM_END, NEWLINE, PAD, VLLM_HEAD_DIM, WORDS, chatml_tokenizer
 
 FILLER = 6
 DIGITS = [str(d) for d in range(10)]
@@ -175,7 +175,7 @@ def prepare(workdir: Path, rollout: str = "hf_cpu", teach_steps: int = TEACH_STE
     the model's decoder layers (8 for the A2 layout class's uneven pipeline stages); ``rollout_tp``: the vLLM
     rollout's tensor-parallel size (vLLM's CPU MoE kernel takes an expert width of 32 per rank on weight
     updates: the experts are 32 wide per rank)."""
-    from mcore_dapo.harness.tiny import make_tiny_model
+    from mcore_dapo_checks.tiny import make_tiny_model
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -226,7 +226,7 @@ def sample_accuracy(model_dir: Path, n_prompts: int = 32, n: int = 16, seed: int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.math_task")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.math_task")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--rollout", choices=["hf_cpu", "vllm"], default="hf_cpu")
     ap.add_argument("--teach-steps", type=int, default=TEACH_STEPS)

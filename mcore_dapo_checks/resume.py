@@ -1,12 +1,12 @@
 """verl's trainer killed during a step and started again with ``resume_mode=auto``, against an uninterrupted run.
 
-``python -m mcore_dapo.harness.resume --workdir W [--baseline B]``
+``python -m mcore_dapo_checks.resume --workdir W [--baseline B]``
 
-The runs are :func:`mcore_dapo.harness.tiny_dapo.run` with :func:`trainer_run`'s settings (the launch scripts'
+The runs are :func:`mcore_dapo_checks.tiny_dapo.run` with :func:`trainer_run`'s settings (the launch scripts'
 ``configs/dapo/common.sh``: checkpoints every 2 steps, ``resume_mode=auto``, the LR scheduler restored from the
 checkpoint, with the audit): the baseline (4 steps, ``B``, the run ``tests/test_verl_trainer.py`` checks too),
 a run whose every process gets SIGKILL once step 3's update has begun (the audit's ``step-0002`` folder
-exists), and the same command again. The audit of each run (:mod:`mcore_dapo.harness.audit`) holds every
+exists), and the same command again. The audit of each run (:mod:`mcore_dapo_checks.audit`) holds every
 update's batch, weights before and after, loss, learning rate and gradient norm, and what the engine held
 after each checkpoint save and load; :func:`compare` sets the resumed run's steps against the baseline's and
 the state the resumed run loaded against what the killed run held when it saved.
@@ -58,7 +58,7 @@ def started(audit_dir: Path, step: int, tracker: Path | None = None):
 
 def kill_and_resume(work: Path, timeout: float = 1200) -> dict:
     """The killed run (kept as ``*-killed``) and the resumed run, in ``work``; what each left."""
-    from mcore_dapo.harness.tiny_dapo import read_metrics, run
+    from mcore_dapo_checks.tiny_dapo import read_metrics, run
 
     work = Path(work).absolute()
     # the launch scripts save in the background: killed once checkpoint 2 is complete, during step 3
@@ -91,7 +91,7 @@ def four_steps(work: Path, timeout: float = 1200) -> dict:
     run's ``train.log``), ``returncode`` and ``error`` (the resumed run's, or the killed run's where it did not
     reach its checkpoint), ``log_tail``, and ``pair`` (what kill_and_resume returned, with :func:`compare`'s
     ``compare``)."""
-    from mcore_dapo.harness.tiny_dapo import log_tail, read_metrics
+    from mcore_dapo_checks.tiny_dapo import log_tail, read_metrics
 
     work = Path(work).absolute()
     pair = kill_and_resume(work, timeout)
@@ -187,9 +187,9 @@ def checkpointed_steps(killed: Path) -> list[Path]:
 def chained_reference(killed: Path, resumed: Path, out: Path) -> list[dict]:
     """The uninterrupted computation of the killed run's steps 1..2 and the resumed run's 3..4: every update
     recomputed on the HF model in fp32 with Megatron's optimizer step chained over all four
-    (:func:`mcore_dapo.harness.audit_reference.reference`), so the resumed updates are held against an Adam whose
+    (:func:`mcore_dapo_checks.audit_reference.reference`), so the resumed updates are held against an Adam whose
     moments and step went on through the kill."""
-    from mcore_dapo.harness.audit_reference import reference
+    from mcore_dapo_checks.audit_reference import reference
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -254,9 +254,9 @@ def compare(baseline_audit: Path | None, killed_audit: Path, resumed_audit: Path
 
 
 def main(argv=None) -> int:
-    from mcore_dapo.harness.tiny_dapo import run
+    from mcore_dapo_checks.tiny_dapo import run
 
-    ap = argparse.ArgumentParser(prog="python -m mcore_dapo.harness.resume")
+    ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.resume")
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--baseline", default=None, help="the uninterrupted run's workdir (run here when not given)")
     ap.add_argument("--timeout", type=float, default=1200)

@@ -1,7 +1,7 @@
 """``mcore-dapo tiny-dapo``: verl's DAPO trainer on a tiny Qwen3-MoE on the CPU with the launch scripts'
-settings (:mod:`mcore_dapo.harness.tiny_dapo`: the plugin's Megatron engine under EP2 or a script's layout
+settings (:mod:`mcore_dapo_checks.tiny_dapo`: the plugin's Megatron engine under EP2 or a script's layout
 class, verl's own vLLM rollout on vLLM's CPU build or the plugin's ``hf_cpu`` stand-in). The one entry point:
-``python -m mcore_dapo.harness.tiny_dapo ARGS`` is this command.
+``python -m mcore_dapo_checks.tiny_dapo ARGS`` is this command.
 
 A stable command for the loop and for checks: ``--json`` prints one object with, per step, verl's
 score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp| and, with
@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def add_commands(sub) -> None:
-    from mcore_dapo.harness.tiny_dapo import ROLLOUTS
+    from mcore_dapo_checks.tiny_dapo import ROLLOUTS
 
     p = sub.add_parser("tiny-dapo", help="verl's DAPO trainer for a few steps on a tiny Qwen3-MoE on the CPU")
     p.add_argument("--workdir", required=True, help="model, data, verl's logs and the audit go here; an earlier "
@@ -50,7 +50,7 @@ def add_commands(sub) -> None:
 
 def _validated(a) -> None:
     from mcore_dapo.errors import accepted
-    from mcore_dapo.harness.tiny_dapo import ROLLOUTS
+    from mcore_dapo_checks.tiny_dapo import ROLLOUTS
 
     if a.rollout not in ROLLOUTS:
         raise accepted("--rollout", a.rollout, " or ".join(ROLLOUTS))
@@ -65,14 +65,14 @@ def _validated(a) -> None:
     bad = [o for o in a.overrides if "=" not in o and not o.startswith("~")]
     if bad:
         raise accepted("override", bad[0], "key=value, +key=value or ~key (Hydra)")
-    from mcore_dapo.harness.tiny_dapo import LAYOUT_CLASSES
+    from mcore_dapo_checks.tiny_dapo import LAYOUT_CLASSES
 
     if a.layout not in LAYOUT_CLASSES:
         raise accepted("--layout", a.layout, ", ".join(LAYOUT_CLASSES))
     if a.gen_tp not in (1, 2):
         raise accepted("--gen-tp", a.gen_tp, "1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
                        "at most the trainer's 2 or 4 ranks)")
-    from mcore_dapo.harness.tiny_dapo import check_trainer_mode, replay_overrides
+    from mcore_dapo_checks.tiny_dapo import check_trainer_mode, replay_overrides
 
     check_trainer_mode(a.trainer_mode)
 
@@ -106,7 +106,7 @@ def resumed_from(workdir) -> int | None:
 def report(r: dict, steps: int, start: int | None) -> tuple[dict, bool]:
     """(the run's summary, success): a run succeeds when its last global step reaches ``steps``, counting the
     steps of the checkpoint it resumed from (``start``)."""
-    from mcore_dapo.harness.tiny_dapo import per_step
+    from mcore_dapo_checks.tiny_dapo import per_step
 
     rows = per_step(r) if r["steps"] else []
     out = {"returncode": r["returncode"], "seconds": r["seconds"], "resumed_from": start, "steps": rows,
@@ -115,7 +115,7 @@ def report(r: dict, steps: int, start: int | None) -> tuple[dict, bool]:
 
 
 def tiny_dapo(a) -> int:
-    from mcore_dapo.harness.tiny_dapo import run
+    from mcore_dapo_checks.tiny_dapo import run
 
     _validated(a)
     start = resumed_from(a.workdir)
