@@ -81,14 +81,14 @@ def stack_pair(installed: dict) -> dict:
 
 
 def fast_path_report(adapter) -> list[dict]:
-    """Which fast paths run here (DeviceAdapter.fast_paths, for what this machine has installed) and, for each
+    """Which fast paths run here (FastPaths.paths, for what this machine has installed) and, for each
     one that does not, why; decided for an MoE model under expert parallelism (Qwen3-30B-A3B's recipes: the
     MoE settings and MindSpeed's all-to-all overlap need both)."""
     from types import SimpleNamespace
 
     from mcore_dapo.bridge import Layout
 
-    return [p.as_dict() for p in adapter.fast_paths(SimpleNamespace(is_moe=True), Layout(ep=8))]
+    return [p.as_dict() for p in adapter.fast.paths(SimpleNamespace(is_moe=True), Layout(ep=8))]
 
 
 def collect(device: str | None = None) -> dict:

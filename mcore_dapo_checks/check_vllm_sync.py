@@ -119,12 +119,12 @@ class VllmEngineHost:
         from mcore_dapo.resharding.vllm_target import require_vllm
 
         adapter = get_adapter(device)
-        env, memory = adapter.rollout_engine_settings(gpu_memory_utilization)
+        env, memory = adapter.rollout.engine_settings(gpu_memory_utilization)
         for k, v in env.items():
             os.environ.setdefault(k, v)
         require_vllm()
         self.hf_config = json.loads((Path(hf_path) / "config.json").read_text())
-        adapter.check_rollout_model(self.hf_config.get("head_dim") or
+        adapter.rollout.check_model(self.hf_config.get("head_dim") or
                                     self.hf_config["hidden_size"] // self.hf_config["num_attention_heads"])
         from vllm import LLM
 
@@ -206,10 +206,10 @@ def device_uuid(device: str) -> str | None:
 def engine_actor_options(device: str) -> tuple[dict, dict]:
     """(``ray.init`` arguments, the engine actor's options) for a rollout engine on ``device``: one device
     for the actor (Ray sets CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved:
-    the device adapter's :meth:`~mcore_dapo.devices.base.DeviceAdapter.rollout_ray_resources`."""
+    the device adapter's :meth:`~mcore_dapo.devices.rollout.RolloutSettings.ray_resources`."""
     from mcore_dapo.devices import get_adapter
 
-    return get_adapter(device).rollout_ray_resources()
+    return get_adapter(device).rollout.ray_resources()
 
 
 def start_engine_host(hf_path: str, device: str = "cpu", **engine_kwargs):

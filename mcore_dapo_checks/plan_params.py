@@ -88,7 +88,7 @@ def check_layout(hf_path: str, pl: PlanLayout, device, dtype: str) -> dict:
     bridge = Bridge.from_hf(hf_path, pl.layout)
     adapter = init_parallel(pl.layout, device)
     info = parallel_info()
-    adapter.check_context_parallel(pl.layout.cp)
+    adapter.fast.check_context_parallel(pl.layout.cp)
     before = adapter.memory_allocated()
     chunks, _ = build_model(bridge, adapter, dtype=dtype, overrides=stage_overrides(pl))
     weight_bytes = -1 if before is None else adapter.memory_allocated() - before

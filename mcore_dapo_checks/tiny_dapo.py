@@ -94,7 +94,7 @@ def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = 
     if trainer_mode == "separate_async":
         from mcore_dapo.devices import get_adapter
 
-        backend, module = get_adapter("cpu").checkpoint_engine()
+        backend, module = get_adapter("cpu").rollout.checkpoint_engine()
         env.update(NNODES="2", ROLLOUT_NNODES="1", ROLLOUT_GPUS_PER_NODE=str(ROLLOUT_SLOTS), CKPT_ENGINE=backend,
                    CKPT_ENGINE_MODULE=module or "")
     return env

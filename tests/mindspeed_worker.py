@@ -86,7 +86,7 @@ def grouped_experts(adapter, bridge, sequential, hf_path: str, cpu_checkpoint: s
     from mindspeed import megatron_adaptor
 
     # the flags an engine with the adapter's grouped GEMM gets (the process's first configure applied them)
-    megatron_adaptor.repatch(adapter.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1,
+    megatron_adaptor.repatch(adapter.fast.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1,
                                                      dispatcher="allgather"))
     fields = fast_path_overrides(bridge, adapter, {}, dispatcher="allgather")
     out["fast_path_fields"] = {k: v for k, v in fields.items() if not isinstance(v, type)}
@@ -165,7 +165,7 @@ def main(hf_path: str, cpu_checkpoint: str | None = None) -> dict:
     bridge = Bridge.from_hf(hf_path, Layout())
     # what the verl engine gives repatch: the user's override over the adapter's fast paths (the allgather
     # dispatcher: see below)
-    flags = adapter.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1, dispatcher="allgather")
+    flags = adapter.fast.configure_flags(bridge.cfg, bridge.layout, {"use_fused_rmsnorm": True}, 1, dispatcher="allgather")
     adapter.configure(flags)
     applied = [k for k, p in MindSpeedPatchesManager.patches_info.items() if p.is_applied]
     out["flags"] = flags
@@ -191,7 +191,7 @@ def main(hf_path: str, cpu_checkpoint: str | None = None) -> dict:
     # a second engine in this process (verl's reference beside the actor, KL on): its _init_device_mesh
     # configures again after model-parallel init; the same MindSpeed flags go on, other ones are refused
     def engine_flags(overrides):
-        return adapter.configure_flags(bridge.cfg, bridge.layout, overrides, 1, dispatcher="allgather")
+        return adapter.fast.configure_flags(bridge.cfg, bridge.layout, overrides, 1, dispatcher="allgather")
 
     adapter.configure(engine_flags({"use_fused_rmsnorm": True, "recompute_granularity": "full"}))
     out["second_engine_same_flags"] = "ok"

@@ -128,14 +128,14 @@ def test_cpu_adapter_answers_what_callers_would_branch_on():
     assert not cpu.has_device_memory() and cpu.memory_allocated() is None
     module = torch.nn.Linear(2, 2)
     assert cpu.to_device(module) is module and cpu.local_device() == torch.device("cpu")
-    assert cpu.attention_backend(AttnBackend.flash) is AttnBackend.local and cpu.attention_backend(None) is None
+    assert cpu.fast.attention_backend(AttnBackend.flash) is AttnBackend.local and cpu.fast.attention_backend(None) is None
     with pytest.raises(UserError) as e:
-        cpu.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        cpu.fast.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
     assert str(e.value) == THD
-    cpu.check_context_parallel(1)
+    cpu.fast.check_context_parallel(1)
     with pytest.raises(UserError, match="cp=2 is not accepted on the CPU: .*accepted is cp=1"):
-        cpu.check_context_parallel(2)
-    assert not cpu.takes_feature_flags() and cpu.feature_flags({"use_flash_attn": True}, 2) == {}
+        cpu.fast.check_context_parallel(2)
+    assert not cpu.fast.takes_feature_flags() and cpu.fast.feature_flags({"use_flash_attn": True}, 2) == {}
     with pytest.raises(ValueError, match="takes no feature flags"):
         cpu.configure({"use_flash_attn": True})
     cpu.mark_model_parallel_initialised()  # every adapter has the hook
@@ -150,15 +150,15 @@ def test_cuda_refuses_packed_sequences_where_transformer_engine_does_not_import(
     from mcore_dapo.devices.cuda import te_available
 
     cuda = get_adapter("cuda")
-    assert cuda.packed_sequences_need_installed_software  # a dry run elsewhere cannot answer it
-    assert not get_adapter("cpu").packed_sequences_need_installed_software
+    assert cuda.fast.packed_sequences_need_installed_software  # a dry run elsewhere cannot answer it
+    assert not get_adapter("cpu").fast.packed_sequences_need_installed_software
     if te_available():  # a CUDA machine with Transformer Engine: THD runs
-        assert cuda.packed_sequences_supported()
-        cuda.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        assert cuda.fast.packed_sequences_supported()
+        cuda.fast.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
         return
-    assert not cuda.packed_sequences_supported()
+    assert not cuda.fast.packed_sequences_supported()
     with pytest.raises(UserError) as e:
-        cuda.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        cuda.fast.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
     assert str(e.value) == CUDA_THD
 
 
@@ -169,14 +169,14 @@ def test_cuda_and_npu_adapters_answer_here_without_a_device():
     cuda, npu = get_adapter("cuda"), get_adapter("npu")
     for a in (cuda, npu):
         assert a.has_device_memory()
-        assert a.attention_backend(AttnBackend.flash) is AttnBackend.flash
-        a.check_context_parallel(4)
-    npu.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
+        assert a.fast.attention_backend(AttnBackend.flash) is AttnBackend.flash
+        a.fast.check_context_parallel(4)
+    npu.fast.check_packed_sequences("actor_rollout_ref.model.use_remove_padding")
     assert npu.memory_allocated() is None  # no torch.npu without torch_npu
-    assert not cuda.takes_feature_flags() and cuda.feature_flags({"use_flash_attn": False}, 2) == {}
-    assert npu.takes_feature_flags()
-    assert npu.feature_flags(None, 1) == {"use_flash_attn": True}
-    assert npu.feature_flags({"use_flash_attn": False, "use_fused_rmsnorm": True}, 2) == {
+    assert not cuda.fast.takes_feature_flags() and cuda.fast.feature_flags({"use_flash_attn": False}, 2) == {}
+    assert npu.fast.takes_feature_flags()
+    assert npu.fast.feature_flags(None, 1) == {"use_flash_attn": True}
+    assert npu.fast.feature_flags({"use_flash_attn": False, "use_fused_rmsnorm": True}, 2) == {
         "use_flash_attn": False, "use_fused_rmsnorm": True, "context_parallel_size": 2}
 
 
@@ -184,24 +184,24 @@ def test_the_adapters_answer_what_a_vllm_engine_beside_the_trainer_needs():
     """Ray resources, vLLM's memory arguments and environment, the model check: asked of the adapter
     (sync-bench --rollout vllm, selfcheck's rollout_sync), not branched on the device's name."""
     cpu, cuda, npu = get_adapter("cpu"), get_adapter("cuda"), get_adapter("npu")
-    assert cpu.rollout_ray_resources() == ({"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0})
-    assert cuda.rollout_ray_resources() == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})
-    assert npu.rollout_ray_resources() == ({"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}})
-    assert cpu.rollout_engine_settings(0.3) == ({"VLLM_CPU_KVCACHE_SPACE": "1"}, {})
+    assert cpu.rollout.ray_resources() == ({"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0})
+    assert cuda.rollout.ray_resources() == ({"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1})
+    assert npu.rollout.ray_resources() == ({"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}})
+    assert cpu.rollout.engine_settings(0.3) == ({"VLLM_CPU_KVCACHE_SPACE": "1"}, {})
     for a in (cuda, npu):
-        assert a.rollout_engine_settings(0.3) == ({}, {"gpu_memory_utilization": 0.3})
-        a.check_rollout_model(16)  # a device's attention kernels take head_dim 16
+        assert a.rollout.engine_settings(0.3) == ({}, {"gpu_memory_utilization": 0.3})
+        a.rollout.check_model(16)  # a device's attention kernels take head_dim 16
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:  # vLLM's CPU build says which sizes its attention takes
         with pytest.raises(UserError, match=r"^head_dim=16 is not supported by vLLM's CPU attention"):
-            cpu.check_rollout_model(16)
-        cpu.check_rollout_model(32)
+            cpu.rollout.check_model(16)
+        cpu.rollout.check_model(32)
     assert cpu.device_identity() is None and npu.device_identity() is None
     # separate_async's weight transport: verl's registered names ("nccl" is also the HCCL engine's on Ascend,
     # verl/checkpoint_engine/__init__.py); the CPU's is the project's gloo engine, registered by its module
-    assert cuda.checkpoint_engine() == npu.checkpoint_engine() == ("nccl", None)
-    assert cpu.checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
+    assert cuda.rollout.checkpoint_engine() == npu.rollout.checkpoint_engine() == ("nccl", None)
+    assert cpu.rollout.checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
 
 
 def test_no_branch_on_a_devices_name_outside_the_device_places():
@@ -224,3 +224,22 @@ def test_no_branch_on_a_devices_name_outside_the_device_places():
             if branch.search(code) and ".device.type" not in code:  # a tensor's placement is not the device's name
                 found.append(f"{rel}:{i}: {line.strip()}")
     assert not found, "\n".join(found)
+
+
+def test_the_adapter_is_split_by_concern():
+    # the life cycle on DeviceAdapter, the fast paths on adapter.fast, the rollout engine's settings on
+    # adapter.rollout: no method in two of them, each device's parts subclassed in its own file
+    from mcore_dapo.devices.base import DeviceAdapter
+    from mcore_dapo.devices.fast_paths import FastPaths
+    from mcore_dapo.devices.rollout import RolloutSettings
+
+    def own(cls):
+        return {n for n in vars(cls) if not n.startswith("__")} - {"name", "adapter"}
+
+    parts = [own(DeviceAdapter), own(FastPaths), own(RolloutSettings)]
+    assert all(not (a & b) for i, a in enumerate(parts) for b in parts[i + 1:]), parts
+    for name in ("cpu", "cuda", "npu"):
+        adapter = get_adapter(name)
+        for part, base in ((adapter.fast, FastPaths), (adapter.rollout, RolloutSettings)):
+            assert isinstance(part, base) and part.adapter is adapter
+            assert type(part).__module__ == type(adapter).__module__ == f"mcore_dapo.devices.{name}"

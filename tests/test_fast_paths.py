@@ -28,18 +28,18 @@ def qwen3_30b():
 
 def test_cpu_keeps_the_unfused_path(qwen3_30b):
     cpu = get_adapter("cpu")
-    paths = cpu.fast_paths(qwen3_30b, Layout(ep=8))
+    paths = cpu.fast.paths(qwen3_30b, Layout(ep=8))
     assert paths and not any(p.on for p in paths)
-    assert cpu.fast_path_fields(qwen3_30b, Layout(ep=8)) == {} and cpu.fast_path_flags(qwen3_30b, Layout(ep=8)) == {}
-    assert cpu.fast_path_warning(qwen3_30b, Layout(ep=8)) is None
+    assert cpu.fast.fields(qwen3_30b, Layout(ep=8)) == {} and cpu.fast.flags(qwen3_30b, Layout(ep=8)) == {}
+    assert cpu.fast.warning(qwen3_30b, Layout(ep=8)) is None
 
 
 def test_cuda_with_the_recipes_transformer_engine_turns_on_grouped_gemm_and_the_fusions(qwen3_30b):
     cuda = get_adapter("cuda")
-    fields = cuda.fast_path_fields(qwen3_30b, Layout(ep=8), recipe=True)
+    fields = cuda.fast.fields(qwen3_30b, Layout(ep=8), recipe=True)
     assert fields == {"moe_grouped_gemm": True, "moe_permute_fusion": True, "attention_backend": "flash",
                       "apply_rope_fusion": True, "bias_activation_fusion": True}
-    off = {p.setting: p.reason for p in cuda.fast_paths(qwen3_30b, Layout(ep=8), recipe=True) if not p.on}
+    off = {p.setting: p.reason for p in cuda.fast.paths(qwen3_30b, Layout(ep=8), recipe=True) if not p.on}
     # megatron-core 0.16.1 imports TE's fused router from TE 2.7.0 (extensions/transformer_engine.py); the
     # recipe's TE is the `cuda` extra's lower bound, 2.6
     assert off["moe_router_fusion"].startswith("needs Transformer Engine >= 2.7, the recipe installs 2.6")
@@ -50,8 +50,8 @@ def test_cuda_with_the_recipes_transformer_engine_turns_on_grouped_gemm_and_the_
 @pytest.mark.no_accelerator  # asserts that Transformer Engine does not import here
 def test_cuda_without_transformer_engine_keeps_megatrons_swiglu_fusion_and_warns_in_one_line(qwen3_30b):
     cuda = get_adapter("cuda")
-    assert cuda.fast_path_fields(qwen3_30b, Layout(ep=8)) == {"bias_activation_fusion": True}
-    warning = cuda.fast_path_warning(qwen3_30b, Layout(ep=8))
+    assert cuda.fast.fields(qwen3_30b, Layout(ep=8)) == {"bias_activation_fusion": True}
+    warning = cuda.fast.warning(qwen3_30b, Layout(ep=8))
     assert warning == ("cuda: running without moe_grouped_gemm, moe_permute_fusion, moe_router_fusion, attention_backend, "
                        "apply_rope_fusion, gradient_accumulation_fusion: transformer_engine does not import here")
     # Megatron's own SwiGLU fusion needs no TE: its TransformerConfig checks pass for Qwen3 (SiLU, gated)
@@ -81,21 +81,21 @@ def test_megatrons_swiglu_fusion_needs_no_transformer_engine_and_equals_the_unfu
 
 def test_ascend_turns_on_mindspeeds_flags_where_their_conditions_hold(qwen3_30b):
     npu = get_adapter("npu")
-    flags = npu.fast_path_flags(qwen3_30b, Layout(tp=4, ep=2), recipe=True)
+    flags = npu.fast.flags(qwen3_30b, Layout(tp=4, ep=2), recipe=True)
     assert flags == {"use_flash_attn": True, "use_fused_rmsnorm": True, "use_fused_swiglu": True,
                      "use_fused_rotary_pos_emb": True, "gemm_gradient_accumulation_fusion": True,
                      "moe_permutation_async_comm": True, "moe_alltoall_overlap_comm": True}
-    assert npu.fast_path_fields(qwen3_30b, Layout(tp=4, ep=2), recipe=True) == {
+    assert npu.fast.fields(qwen3_30b, Layout(tp=4, ep=2), recipe=True) == {
         "moe_grouped_gemm": True, "moe_permute_fusion": True, "bias_activation_fusion": True}
     # mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1 and the alltoall dispatcher
-    at_ep1 = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(tp=8), recipe=True)}
+    at_ep1 = {p.setting: p for p in npu.fast.paths(qwen3_30b, Layout(tp=8), recipe=True)}
     assert not at_ep1["moe_alltoall_overlap_comm"].on
     assert at_ep1["moe_alltoall_overlap_comm"].reason.startswith("needs expert_model_parallel_size > 1")
-    allgather = {p.setting: p for p in npu.fast_paths(qwen3_30b, Layout(ep=8), recipe=True, dispatcher="allgather")}
+    allgather = {p.setting: p for p in npu.fast.paths(qwen3_30b, Layout(ep=8), recipe=True, dispatcher="allgather")}
     assert not allgather["moe_alltoall_overlap_comm"].on and not allgather["moe_permute_fusion"].on
     # repatch applies features without their validate_args (mindspeed/megatron_adaptor.py): refused here instead
     with pytest.raises(UserError) as e:
-        npu.check_fast_path_overrides(qwen3_30b, Layout(tp=8), {"moe_alltoall_overlap_comm": True}, recipe=True)
+        npu.fast.check_overrides(qwen3_30b, Layout(tp=8), {"moe_alltoall_overlap_comm": True}, recipe=True)
     assert str(e.value).startswith("override_transformer_config.moe_alltoall_overlap_comm=True cannot run on npu: "
                                    "needs expert_model_parallel_size > 1, the layout has 1")
     assert "\n" not in str(e.value)
@@ -111,13 +111,13 @@ def test_router_fusion_stays_off_under_router_replay_and_is_refused_when_asked(q
         uses = [m.start() for m in re.finditer(r"router_replay(\.| is )", func)]
         assert uses and func.index("return fused_topk_with_score_function(") < min(uses)
     cuda = get_adapter("cuda")
-    paths = {p.setting: p for p in cuda.fast_paths(qwen3_30b, Layout(ep=8), replay=True, recipe=True)}
+    paths = {p.setting: p for p in cuda.fast.paths(qwen3_30b, Layout(ep=8), replay=True, recipe=True)}
     assert not paths["moe_router_fusion"].on
     with pytest.raises(UserError, match=r"^override_transformer_config.moe_router_fusion=True cannot run on cuda: "
                                         r"router replay is on: the fused top-k returns before the replay"):
-        cuda.check_fast_path_overrides(qwen3_30b, Layout(ep=8), {"moe_router_fusion": True}, replay=True, te="2.8")
+        cuda.fast.check_overrides(qwen3_30b, Layout(ep=8), {"moe_router_fusion": True}, replay=True, te="2.8")
     # with a TE that has the fused router, and no replay, it is on
-    assert cuda.fast_path_fields(qwen3_30b, Layout(ep=8), te="2.8")["moe_router_fusion"] is True
+    assert cuda.fast.fields(qwen3_30b, Layout(ep=8), te="2.8")["moe_router_fusion"] is True
 
 
 def test_the_users_override_transformer_config_wins_over_each_fast_path(qwen3_30b):
@@ -126,7 +126,7 @@ def test_the_users_override_transformer_config_wins_over_each_fast_path(qwen3_30
 
     bridge = Bridge(qwen3_30b, Layout(ep=8))
     cuda = get_adapter("cuda")
-    fast = cuda.fast_path_fields(qwen3_30b, Layout(ep=8))
+    fast = cuda.fast.fields(qwen3_30b, Layout(ep=8))
     for setting in fast:
         assert fast_path_overrides(bridge, cuda, {setting: False})[setting] is False
     # gradient_accumulation_fusion only for a model Megatron's DDP wraps (the fused wgrad needs main_grad)
@@ -158,7 +158,7 @@ def test_grouped_gemm_asked_on_cuda_without_transformer_engine_is_one_line_befor
     with caplog.at_level(logging.WARNING, logger="mcore_dapo"):
         check_fast_paths(config("cuda", {"moe_grouped_gemm": False, "apply_rope_fusion": None,
                                          "attention_backend": "flash"}), qwen3_30b, Layout(ep=8))
-    assert [r.getMessage() for r in caplog.records] == [get_adapter("cuda").fast_path_warning(qwen3_30b, Layout(ep=8))]
+    assert [r.getMessage() for r in caplog.records] == [get_adapter("cuda").fast.warning(qwen3_30b, Layout(ep=8))]
     assert caplog.records[0].getMessage().startswith("cuda: running without moe_grouped_gemm, ")
 
 
@@ -254,30 +254,30 @@ def test_env_says_which_fast_paths_run_here_and_why_the_others_do_not():
 
 def test_ascend_configure_flags_give_every_flag_and_follow_the_users_grouped_gemm(qwen3_30b):
     npu = get_adapter("npu")
-    flags = npu.configure_flags(qwen3_30b, Layout(tp=8), {"use_fused_rmsnorm": False}, 1, recipe=True)
+    flags = npu.fast.configure_flags(qwen3_30b, Layout(tp=8), {"use_fused_rmsnorm": False}, 1, recipe=True)
     # the user's flag wins; an off flag is given as False (repatch keeps values it is not given); the dispatcher
     # and the position embedding that MindSpeed's feature checks read on every TransformerConfig
     assert flags["use_fused_rmsnorm"] is False and flags["moe_alltoall_overlap_comm"] is False
     assert flags["moe_grouped_gemm"] is True and flags["gemm_gradient_accumulation_fusion"] is True
     assert flags["moe_token_dispatcher_type"] == "alltoall" and flags["position_embedding_type"] == "rope"
     # grouped GEMM off: what needs it (mindspeed/features_manager/moe/gmm.py, moe_alltoall_overlap.py) goes off
-    off = npu.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False}, 1, recipe=True)
+    off = npu.fast.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False}, 1, recipe=True)
     assert off["moe_grouped_gemm"] is False
     assert off["gemm_gradient_accumulation_fusion"] is False and off["moe_alltoall_overlap_comm"] is False
     with pytest.raises(UserError, match=r"^override_transformer_config.gemm_gradient_accumulation_fusion=True cannot "
                                         r"run on npu: needs moe_grouped_gemm, which is off"):
-        npu.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False,
+        npu.fast.configure_flags(qwen3_30b, Layout(ep=8), {"moe_grouped_gemm": False,
                                                       "gemm_gradient_accumulation_fusion": True}, 1, recipe=True)
     # devices without feature flags get none
-    assert get_adapter("cuda").configure_flags(qwen3_30b, Layout(ep=8), {"attention_backend": "flash"}) == {}
+    assert get_adapter("cuda").fast.configure_flags(qwen3_30b, Layout(ep=8), {"attention_backend": "flash"}) == {}
 
 
 def test_a_dense_model_gets_no_moe_settings(tiny_dense):
     dense = load_hf_config(tiny_dense)
     for device in ("cuda", "npu"):
-        paths = get_adapter(device).fast_paths(dense, Layout(tp=2), recipe=True)
+        paths = get_adapter(device).fast.paths(dense, Layout(tp=2), recipe=True)
         assert paths and not any(p.setting.startswith(("moe_", "gemm_")) for p in paths), (device, paths)
-    assert get_adapter("cuda").fast_path_fields(dense, Layout(tp=2), recipe=True) == {
+    assert get_adapter("cuda").fast.fields(dense, Layout(tp=2), recipe=True) == {
         "attention_backend": "flash", "apply_rope_fusion": True, "bias_activation_fusion": True}
-    flags = get_adapter("npu").configure_flags(dense, Layout(tp=2), {}, 1, recipe=True)
+    flags = get_adapter("npu").fast.configure_flags(dense, Layout(tp=2), {}, 1, recipe=True)
     assert "moe_token_dispatcher_type" not in flags and flags["use_fused_rmsnorm"] is True

@@ -250,8 +250,8 @@ def test_the_scripts_checkpoint_engine_is_the_device_adapters():
     for script, device in (("dapo_qwen3_30b_h100.sh", "cuda"), ("dapo_qwen3_30b_a2.sh", "npu")):
         argv, _ = script_call(script, ASYNC="separate")
         backend = [a.split("=", 1)[1] for a in argv if a.startswith("actor_rollout_ref.rollout.checkpoint_engine.backend=")]
-        assert backend == [get_adapter(device).checkpoint_engine()[0]] == ["nccl"]
-    assert get_adapter("cpu").checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
+        assert backend == [get_adapter(device).rollout.checkpoint_engine()[0]] == ["nccl"]
+    assert get_adapter("cpu").rollout.checkpoint_engine() == ("gloo", "mcore_dapo.verl_cpu.checkpoint_engine")
 
 
 CPU = ("trainer.device=cpu", "actor_rollout_ref.model.use_remove_padding=False")

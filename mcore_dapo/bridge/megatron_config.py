@@ -93,7 +93,7 @@ def transformer_config_kwargs(
         # batch, matched in posting order, so a received activation and gradient swap (wrong gradients, seen
         # with 4 micro-batches on PP2 x VPP2; Megatron's arguments refuse PP2 with VPP unless overlapped)
         **({"overlap_p2p_comm": True, "batch_p2p_comm": False} if layout.vpp else {}),
-        # fused kernels are the device adapter's to turn on (DeviceAdapter.fast_paths; runtime.model.build_model
+        # fused kernels are the device adapter's to turn on (FastPaths.paths; runtime.model.build_model
         # and the verl engine put them under the user's override_transformer_config)
         bias_activation_fusion=False,
         masked_softmax_fusion=False,

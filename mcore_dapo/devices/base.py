@@ -6,15 +6,20 @@ import os
 import sys
 from abc import ABC, abstractmethod
 
+from mcore_dapo.devices.fast_paths import FastPaths
+from mcore_dapo.devices.rollout import RolloutSettings
 from mcore_dapo.patching import registry
 
 
 class DeviceAdapter(ABC):
-    """One per device kind. Order of use:
+    """One per device kind, its life cycle and memory; what it runs fast is :attr:`fast`
+    (:class:`~mcore_dapo.devices.fast_paths.FastPaths`), the rollout engine's settings :attr:`rollout`
+    (:class:`~mcore_dapo.devices.rollout.RolloutSettings`), each subclassed per device in the device's file.
+    Order of use:
 
     1. :meth:`prepare` before Megatron is imported (MindSpeed must come first on Ascend);
     2. :meth:`apply_patches` once Megatron is importable;
-    3. :meth:`configure` with feature flags, before ``initialize_model_parallel``;
+    3. :meth:`configure` with feature flags (``fast.configure_flags``), before ``initialize_model_parallel``;
     4. :meth:`init_distributed`, then Megatron's parallel state, then :meth:`mark_model_parallel_initialised`;
     5. :meth:`layer_spec` when the model is built, :meth:`to_device` once it is.
 
@@ -23,8 +28,12 @@ class DeviceAdapter(ABC):
 
     name: str = ""
     backend: str = ""
-    rollout_package: str = "vllm"  # the rollout engine's Python package on this device
-    rollout_install: str = "pip install 'mcore-dapo[cuda]'"
+    fast_paths_class: type = FastPaths  # the device's (devices/fast_paths.py's base: none on)
+    rollout_class: type = RolloutSettings  # the device's (devices/rollout.py)
+
+    def __init__(self):
+        self.fast = self.fast_paths_class(self)  # fast paths and the model features the device runs
+        self.rollout = self.rollout_class(self)  # the rollout engine's settings on this device
 
     @classmethod
     @abstractmethod
@@ -49,14 +58,6 @@ class DeviceAdapter(ABC):
 
         load_implementations()
         return registry.status(self.name)
-
-    def takes_feature_flags(self) -> bool:
-        """Whether :meth:`configure` accepts feature flags (settings that are no TransformerConfig field)."""
-        return False
-
-    def feature_flags(self, overrides: dict | None, context_parallel_size: int) -> dict:
-        """The feature flags a training engine's TransformerConfig ``overrides`` stand for (none here)."""
-        return {}
 
     def configure(self, flags: dict | None = None) -> None:
         """Apply feature flags (MindSpeed's on Ascend). Must run before initialize_model_parallel."""
@@ -120,53 +121,6 @@ class DeviceAdapter(ABC):
         mod = self._torch_module()
         return None if mod is None else int(mod.max_memory_allocated())
 
-    def attention_backend(self, requested):
-        """The Megatron ``AttnBackend`` that runs when ``requested`` is asked for."""
-        return requested
-
-    # True where packed_sequences_supported() depends on what this machine has installed (CUDA: Transformer
-    # Engine), so that a config check on another machine (a dry run) cannot answer it
-    packed_sequences_need_installed_software = False
-
-    def packed_sequences_supported(self) -> bool:
-        """Whether the attention this device builds here runs packed (THD) sequences."""
-        return True
-
-    def packed_sequences_refusal(self, setting: str) -> str:
-        """The one line refusing ``setting``=True where packed sequences do not run."""
-        return (f"{setting}=True packs sequences (THD), which Megatron's attention without Transformer "
-                f"Engine cannot run: set {setting}=False on the {self.name.upper()}")
-
-    def check_packed_sequences(self, setting: str) -> None:
-        """Raise a one-line UserError when this device cannot run packed (THD) sequences, which
-        ``setting``=True asks for."""
-        if not self.packed_sequences_supported():
-            from mcore_dapo.errors import UserError
-
-            raise UserError(self.packed_sequences_refusal(setting))
-
-    def check_context_parallel(self, cp: int) -> None:
-        """Raise a one-line UserError when this device cannot run context parallelism of size ``cp``."""
-
-    # -- a vLLM engine beside the trainer (sync-bench --rollout vllm, selfcheck's rollout_sync) ----------
-    def rollout_ray_resources(self) -> tuple[dict, dict]:
-        """(``ray.init`` arguments, the engine actor's options): one device for the actor (Ray sets
-        CUDA_VISIBLE_DEVICES / ASCEND_RT_VISIBLE_DEVICES from it), no CPU reserved."""
-        raise NotImplementedError(f"no rollout engine resources for {self.name}")
-
-    def checkpoint_engine(self) -> tuple[str, str | None]:
-        """(verl checkpoint engine backend, ``checkpoint_engine.custom_backend_module`` or None): the weight
-        transport from the trainer to standalone rollout replicas (verl's ``separate_async``) on this device."""
-        raise NotImplementedError(f"no checkpoint engine for {self.name}")
-
-    def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
-        """(environment defaults, ``vllm.LLM`` keyword arguments) of the engine on this device: on a device,
-        its share of the device's memory, the rest left to the Megatron model beside it."""
-        return {}, {"gpu_memory_utilization": gpu_memory_utilization}
-
-    def check_rollout_model(self, head_dim: int) -> None:
-        """Raise a one-line UserError when this device's vLLM cannot run the model (nothing refused here)."""
-
     def device_identity(self) -> str | None:
         """The physical identity of this process's current device, where it can be read (None elsewhere):
         the engine and the sending rank must share one device for verl's IPC weight transfer."""
@@ -203,101 +157,8 @@ class DeviceAdapter(ABC):
         """The software stack this device's recipe pins (docs/ASCEND.md on Ascend); empty: no fixed stack."""
         return []
 
-    # -- fast paths (docs/PERFORMANCE.md) -------------------------------------------------------------
-    def fast_paths(self, cfg, layout, *, dispatcher: str = "alltoall", replay: bool = False,
-                   recipe: bool = False, grouped_gemm: bool = True) -> list["FastPath"]:
-        """Every performance setting this device decides for ``cfg`` (HFModelConfig) under ``layout``, on or
-        off, each with its reason. ``recipe``: for the software the device's recipe installs (Transformer
-        Engine on CUDA, MindSpeed on Ascend) instead of what this machine has. ``replay``: router replay
-        (R2/R3) is on. ``grouped_gemm=False``: the user turned grouped GEMM off (what needs it goes off too).
-        The CPU runs Megatron's unfused path: none is on."""
-        why = "the CPU runs Megatron's unfused path (the fused kernels are CUDA or Ascend ones)"
-        return [FastPath(s, v, False, why) for s, v in megatron_fast_path_settings(cfg)]
-
-    def fast_path_fields(self, cfg, layout, **kw) -> dict:
-        """The TransformerConfig fields of the fast paths that are on (the mapping leaves every one off)."""
-        return {p.setting: p.value for p in self.fast_paths(cfg, layout, **kw) if p.on and p.kind == "megatron"}
-
-    def fast_path_flags(self, cfg, layout, **kw) -> dict:
-        """The device feature flags (MindSpeed's on Ascend) of the fast paths that are on."""
-        return {p.setting: p.value for p in self.fast_paths(cfg, layout, **kw) if p.on and p.kind != "megatron"}
-
-    def configure_flags(self, cfg, layout, overrides: dict | None, context_parallel_size: int = 1, **kw) -> dict:
-        """What :meth:`configure` is given for a model: the user's ``override_transformer_config`` over the fast
-        paths (their TransformerConfig fields and feature flags, with the dispatcher MindSpeed's MoE features read),
-        a fast path asked that cannot run refused first; nothing where the device takes no feature flags."""
-        if not self.takes_feature_flags():
-            return self.feature_flags(overrides, context_parallel_size)
-        overrides = dict(overrides or {})
-        kw.setdefault("grouped_gemm", overrides.get("moe_grouped_gemm") is not False)
-        self.check_fast_path_overrides(cfg, layout, overrides, **kw)
-        # flags that are off are given as False: MindSpeed's repatch sets each given flag on its arguments and
-        # keeps those it is not given (mindspeed/megatron_adaptor.py)
-        fast = {**self.fast_path_fields(cfg, layout, **kw),
-                **{p.setting: (p.value if p.on else False) for p in self.fast_paths(cfg, layout, **kw)
-                   if p.kind != "megatron"}}
-        if cfg.is_moe:
-            fast["moe_token_dispatcher_type"] = kw.get("dispatcher", "alltoall")
-        return self.feature_flags({**fast, **overrides}, context_parallel_size)
-
-    def fast_path_warning(self, cfg, layout, **kw) -> str | None:
-        """One line naming the fast paths this machine's software cannot run, where the device's recipe
-        would run them (None when nothing is lost)."""
-        lost = [p for p in self.fast_paths(cfg, layout, **kw) if not p.on and p.missing_software]
-        if not lost:
-            return None
-        causes = list(dict.fromkeys(p.reason.split(" (")[0] for p in lost))  # each reason's cause, in order
-        return f"{self.name}: running without {', '.join(p.setting for p in lost)}: {'; '.join(causes)}"
-
-    def check_fast_path_overrides(self, cfg, layout, overrides: dict | None, *, here: bool = True, **kw) -> None:
-        """A fast path asked in ``override_transformer_config`` that cannot run: one UserError line naming the
-        setting and what is missing. ``here=False`` (a dry run elsewhere): only what does not depend on this
-        machine's software is checked."""
-        from mcore_dapo.errors import UserError
-
-        overrides = overrides or {}
-        kw.setdefault("grouped_gemm", overrides.get("moe_grouped_gemm") is not False)
-        for p in self.fast_paths(cfg, layout, **kw):
-            asked = overrides.get(p.setting)
-            if p.on or not asked or p.setting == "attention_backend":
-                continue
-            if p.missing_software and not here:
-                continue
-            raise UserError(f"override_transformer_config.{p.setting}={asked!r} cannot run on {self.name}: "
-                            f"{p.reason}; accepted here is {p.setting}=False")
-
     def describe(self) -> dict:
         return {"device": self.name, "backend": self.backend}
-
-
-class FastPath:
-    """One performance setting as a device decides it: ``setting`` (a TransformerConfig field, or a MindSpeed
-    flag when ``kind`` is ``mindspeed``) and its ``value`` when on; ``reason``: what runs it when on, what is
-    missing when off; ``missing_software``: off because this machine lacks a package (so a machine with the
-    recipe's stack would run it)."""
-
-    __slots__ = ("setting", "value", "on", "reason", "kind", "missing_software")
-
-    def __init__(self, setting: str, value, on: bool, reason: str, kind: str = "megatron",
-                 missing_software: bool = False):
-        self.setting, self.value, self.on, self.reason = setting, value, bool(on), reason
-        self.kind, self.missing_software = kind, bool(missing_software and not on)
-
-    def as_dict(self) -> dict:
-        value = getattr(self.value, "name", self.value)  # AttnBackend.flash -> "flash"
-        return {"setting": self.setting, "kind": self.kind, "on": self.on, "value": value if self.on else None,
-                "reason": self.reason, **({"missing_software": True} if self.missing_software else {})}
-
-    def __repr__(self) -> str:
-        return f"FastPath({self.setting}={self.value!r}, on={self.on}, {self.reason!r})"
-
-
-def megatron_fast_path_settings(cfg) -> list[tuple[str, object]]:
-    """The Megatron settings the CUDA recipes turn on (docs/PERFORMANCE.md), in the order reported:
-    (TransformerConfig field, value when on); the MoE ones only for a model with experts."""
-    moe = [("moe_grouped_gemm", True), ("moe_permute_fusion", True), ("moe_router_fusion", True)]
-    return [*(moe if cfg.is_moe else []), ("attention_backend", "flash"), ("apply_rope_fusion", True),
-            ("bias_activation_fusion", True), ("gradient_accumulation_fusion", True)]
 
 
 class StackRequirement:

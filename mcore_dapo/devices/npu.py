@@ -15,6 +15,8 @@ import importlib
 import importlib.util
 
 from mcore_dapo.devices.base import DeviceAdapter, StackRequirement, megatron_imported
+from mcore_dapo.devices.fast_paths import FastPath, FastPaths
+from mcore_dapo.devices.rollout import RolloutSettings
 from mcore_dapo.errors import UserError
 from mcore_dapo.host import has_torch_npu
 
@@ -73,55 +75,8 @@ class MindSpeedOrderError(RuntimeError):
     """Megatron was imported before MindSpeed."""
 
 
-class NpuAdapter(DeviceAdapter):
-    name = "npu"
-    backend = "hccl"
-    rollout_package = "vllm_ascend"
-    rollout_install = "pip install 'mcore-dapo[npu]'"
-
-    def __init__(self):
-        self._prepared = False
-        self._adaptor = None
-        self._model_parallel_initialised = False
-        self._applied_flags: dict | None = None
-
-    @classmethod
-    def detect(cls) -> bool:
-        return has_torch_npu()
-
-    def rollout_ray_resources(self) -> tuple[dict, dict]:
-        # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES
-        return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
-
-    def checkpoint_engine(self) -> tuple[str, str | None]:
-        # verl's HCCLCheckpointEngine registers the name "nccl" on Ascend (verl/checkpoint_engine/__init__.py,
-        # hccl_checkpoint_engine.py); there is no "hccl" name in verl 0.9.1's registry
-        return "nccl", None
-
-    def prepare(self) -> None:
-        if self._prepared:
-            return
-        if megatron_imported() and ADAPTOR not in __import__("sys").modules:
-            raise MindSpeedOrderError(
-                "Megatron was imported before MindSpeed: import mcore_dapo (or call "
-                "devices.get_adapter('npu').prepare()) before anything that imports megatron, "
-                "so that mindspeed.megatron_adaptor can patch it"
-            )
-        import torch  # noqa: F401  (MindSpeed expects torch first)
-
-        if importlib.util.find_spec("torch_npu") is not None:
-            importlib.import_module("torch_npu")
-        try:
-            self._adaptor = importlib.import_module(ADAPTOR)
-        except ImportError as e:
-            raise UserError(
-                f"mindspeed is not importable ({e}): install MindSpeed from its source repository at the "
-                "branch matching megatron-core (see README, 'Ascend')"
-            ) from None
-        self._prepared = True
-
-    def mark_model_parallel_initialised(self) -> None:
-        self._model_parallel_initialised = True
+class NpuFastPaths(FastPaths):
+    """MindSpeed's kernels, as feature flags of its ``repatch`` (the adapter's ``configure``)."""
 
     def takes_feature_flags(self) -> bool:
         return True
@@ -141,69 +96,12 @@ class NpuAdapter(DeviceAdapter):
             flags["context_parallel_size"] = context_parallel_size
         return flags
 
-    def configure(self, flags: dict | None = None) -> None:
-        """MindSpeed's ``repatch(flags)``, once per process: a second engine in the process (verl's reference
-        beside the actor, with KL on) finds Megatron's parallel state already initialised; it goes on when
-        its MindSpeed feature flags (the keys that are not TransformerConfig fields) are those applied,
-        and is refused in one line when they differ (MindSpeed cannot re-patch after that point)."""
-        if not flags:
-            return
-        if not self._prepared:
-            self.prepare()
-        if self._applied_flags is not None:
-            asked, applied = _feature_flags(flags), _feature_flags(self._applied_flags)
-            differ = sorted(k for k in set(asked) | set(applied) if asked.get(k) != applied.get(k))
-            if not differ:
-                return
-        if self._applied_flags is not None and self._model_parallel_initialised:
-            raise MindSpeedOrderError(
-                f"MindSpeed feature flags {differ} differ from those this process applied before "
-                "initialize_model_parallel: give the actor and the reference the same MindSpeed flags"
-            )
-        if self._model_parallel_initialised:
-            raise MindSpeedOrderError(
-                "MindSpeed feature flags must be applied before initialize_model_parallel"
-            )
-        repatch = getattr(self._adaptor, "repatch", None)
-        if repatch is None:
-            raise MindSpeedOrderError(
-                f"this MindSpeed has no {ADAPTOR}.repatch, so feature flags {sorted(flags)} cannot be "
-                "applied: use the MindSpeed branch that matches megatron-core (it provides repatch)"
-            )
-        repatch(dict(flags))
-        self._applied_flags = dict(flags)
-
-    def device(self, local_rank: int):
-        import torch
-
-        return torch.device("npu", local_rank)
-
-    def device_count(self) -> int:
-        if importlib.util.find_spec("torch_npu") is None:
-            return 0
-        importlib.import_module("torch_npu")  # torch.npu exists once torch_npu is imported
-        return super().device_count()
-
-    def set_device(self, local_rank: int) -> None:
-        import torch
-
-        torch.npu.set_device(local_rank)
-
-    def apply_patches(self):
-        self.prepare()
-        return super().apply_patches()
-
-    def expected_stack(self) -> list[StackRequirement]:
-        return list(STACK)
-
-    def fast_paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True):
+    def paths(self, cfg, layout, *, dispatcher="alltoall", replay=False, recipe=False, grouped_gemm=True):
         """MindSpeed's kernels (flags of its ``repatch``, read from MindSpeed 26.1.0_core_r0.12.1's
         features_manager), and grouped GEMM. ``repatch`` applies features without their ``validate_args``
         (mindspeed/megatron_adaptor.py); MindSpeed runs those only when a TransformerConfig is built
         (mindspeed/core/megatron_basic/arguments_basic.py), inside a worker: each flag's conditions are
         checked here, so that a flag asked where they fail is one line before Ray."""
-        from mcore_dapo.devices.base import FastPath
-
         have = recipe or (importlib.util.find_spec("mindspeed") is not None
                           and importlib.util.find_spec("torch_npu") is not None)
         missing = "MindSpeed or torch_npu is not installed here"
@@ -261,6 +159,118 @@ class NpuAdapter(DeviceAdapter):
                 "(mindspeed/features_manager/moe/moe_alltoall_overlap.py: EP > 1, alltoall, grouped GEMM)",
                 ok=not overlap_why, why="; ".join(overlap_why) + " (mindspeed/features_manager/moe/moe_alltoall_overlap.py)")
         return paths
+
+
+class NpuRollout(RolloutSettings):
+    package = "vllm_ascend"
+    install = "pip install 'mcore-dapo[npu]'"
+
+    def ray_resources(self) -> tuple[dict, dict]:
+        # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES
+        return {"resources": {"NPU": 1}}, {"num_cpus": 0, "resources": {"NPU": 1}}
+
+    def checkpoint_engine(self) -> tuple[str, str | None]:
+        # verl's HCCLCheckpointEngine registers the name "nccl" on Ascend (verl/checkpoint_engine/__init__.py,
+        # hccl_checkpoint_engine.py); there is no "hccl" name in verl 0.9.1's registry
+        return "nccl", None
+
+
+class NpuAdapter(DeviceAdapter):
+    name = "npu"
+    backend = "hccl"
+    fast_paths_class = NpuFastPaths
+    rollout_class = NpuRollout
+
+    def __init__(self):
+        super().__init__()
+        self._prepared = False
+        self._adaptor = None
+        self._model_parallel_initialised = False
+        self._applied_flags: dict | None = None
+
+    @classmethod
+    def detect(cls) -> bool:
+        return has_torch_npu()
+
+    def prepare(self) -> None:
+        if self._prepared:
+            return
+        if megatron_imported() and ADAPTOR not in __import__("sys").modules:
+            raise MindSpeedOrderError(
+                "Megatron was imported before MindSpeed: import mcore_dapo (or call "
+                "devices.get_adapter('npu').prepare()) before anything that imports megatron, "
+                "so that mindspeed.megatron_adaptor can patch it"
+            )
+        import torch  # noqa: F401  (MindSpeed expects torch first)
+
+        if importlib.util.find_spec("torch_npu") is not None:
+            importlib.import_module("torch_npu")
+        try:
+            self._adaptor = importlib.import_module(ADAPTOR)
+        except ImportError as e:
+            raise UserError(
+                f"mindspeed is not importable ({e}): install MindSpeed from its source repository at the "
+                "branch matching megatron-core (see README, 'Ascend')"
+            ) from None
+        self._prepared = True
+
+    def mark_model_parallel_initialised(self) -> None:
+        self._model_parallel_initialised = True
+
+    def configure(self, flags: dict | None = None) -> None:
+        """MindSpeed's ``repatch(flags)``, once per process: a second engine in the process (verl's reference
+        beside the actor, with KL on) finds Megatron's parallel state already initialised; it goes on when
+        its MindSpeed feature flags (the keys that are not TransformerConfig fields) are those applied,
+        and is refused in one line when they differ (MindSpeed cannot re-patch after that point)."""
+        if not flags:
+            return
+        if not self._prepared:
+            self.prepare()
+        if self._applied_flags is not None:
+            asked, applied = _feature_flags(flags), _feature_flags(self._applied_flags)
+            differ = sorted(k for k in set(asked) | set(applied) if asked.get(k) != applied.get(k))
+            if not differ:
+                return
+        if self._applied_flags is not None and self._model_parallel_initialised:
+            raise MindSpeedOrderError(
+                f"MindSpeed feature flags {differ} differ from those this process applied before "
+                "initialize_model_parallel: give the actor and the reference the same MindSpeed flags"
+            )
+        if self._model_parallel_initialised:
+            raise MindSpeedOrderError(
+                "MindSpeed feature flags must be applied before initialize_model_parallel"
+            )
+        repatch = getattr(self._adaptor, "repatch", None)
+        if repatch is None:
+            raise MindSpeedOrderError(
+                f"this MindSpeed has no {ADAPTOR}.repatch, so feature flags {sorted(flags)} cannot be "
+                "applied: use the MindSpeed branch that matches megatron-core (it provides repatch)"
+            )
+        repatch(dict(flags))
+        self._applied_flags = dict(flags)
+
+    def device(self, local_rank: int):
+        import torch
+
+        return torch.device("npu", local_rank)
+
+    def device_count(self) -> int:
+        if importlib.util.find_spec("torch_npu") is None:
+            return 0
+        importlib.import_module("torch_npu")  # torch.npu exists once torch_npu is imported
+        return super().device_count()
+
+    def set_device(self, local_rank: int) -> None:
+        import torch
+
+        torch.npu.set_device(local_rank)
+
+    def apply_patches(self):
+        self.prepare()
+        return super().apply_patches()
+
+    def expected_stack(self) -> list[StackRequirement]:
+        return list(STACK)
 
     def layer_spec(self, config, vp_stage=None, pp_rank=None):
         # MindSpeed replaces Transformer Engine's modules with NPU ones, so the TE spec is

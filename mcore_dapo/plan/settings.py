@@ -3,7 +3,7 @@ device with that device's recipe stack (Transformer Engine on CUDA, MindSpeed on
 
 The fields are those :func:`mcore_dapo.bridge.megatron_config.transformer_config_kwargs` maps (as the verl engine
 calls it: bf16, the alltoall dispatcher, no auxiliary loss, the plan's recompute), the layout's uneven first/last
-stage sizes, and the device adapter's fast paths (``DeviceAdapter.fast_paths(recipe=True)``) under them; on
+stage sizes, and the device adapter's fast paths (``FastPaths.paths(recipe=True)``) under them; on
 Ascend the MindSpeed flags its ``repatch`` is given.
 """
 
@@ -41,7 +41,7 @@ def layout_settings(cfg: HFModelConfig, pl: PlanLayout, w: Workload) -> dict:
         kw[FIRST] = pl.first
     if pl.last is not None and layout.pp != 2:
         kw[LAST] = pl.last
-    paths = adapter.fast_paths(cfg, layout, dispatcher=DISPATCHER, recipe=True)
+    paths = adapter.fast.paths(cfg, layout, dispatcher=DISPATCHER, recipe=True)
     kw.update({p.setting: p.value for p in paths if p.on and p.kind == "megatron"})
     out = {"device": adapter.name, "stack": recipe_stack(adapter), "megatron": dict(sorted(kw.items()))}
     flags = {p.setting: p.value for p in paths if p.on and p.kind != "megatron"}

@@ -61,7 +61,7 @@ _WARNED: set[str] = set()
 
 def fast_path_overrides(bridge: Bridge, adapter: DeviceAdapter, overrides: dict | None, *,
                         dispatcher: str = "alltoall", wrapped_in_ddp: bool = False) -> dict:
-    """The device's fast paths (``DeviceAdapter.fast_path_fields``) under ``overrides`` (which win), and the
+    """The device's fast paths (``FastPaths.fields``) under ``overrides`` (which win), and the
     device's one warning line for what this machine's software loses (logged once per process).
     gradient_accumulation_fusion only for a model Megatron's DDP wraps: the fused weight gradient is
     accumulated into the ``main_grad`` buffers DDP allocates."""
@@ -70,10 +70,10 @@ def fast_path_overrides(bridge: Bridge, adapter: DeviceAdapter, overrides: dict 
     overrides = dict(overrides or {})
     replay = bool(overrides.get("moe_enable_routing_replay"))
     kw = dict(dispatcher=dispatcher, replay=replay)
-    fields = adapter.fast_path_fields(bridge.cfg, bridge.layout, **kw)
+    fields = adapter.fast.fields(bridge.cfg, bridge.layout, **kw)
     if not wrapped_in_ddp:
         fields.pop("gradient_accumulation_fusion", None)
-    warning = adapter.fast_path_warning(bridge.cfg, bridge.layout, **kw)
+    warning = adapter.fast.warning(bridge.cfg, bridge.layout, **kw)
     if warning and warning not in _WARNED:
         _WARNED.add(warning)
         logging.getLogger("mcore_dapo").warning(warning)

@@ -9,7 +9,7 @@ the HCCL engine registers the same name and needs torch_npu, ``nixl``, ``mooncak
 (``verl/workers/engine_workers.py``), in the rollout's ``CheckpointEngineWorker`` and in the trainer's
 ``CheckpointEngineManager`` (``verl/checkpoint_engine/base.py``) before the backend is instantiated: naming this
 module there registers :class:`GlooCheckpointEngine`. Which backend a device uses is the device adapter's
-(:meth:`mcore_dapo.devices.base.DeviceAdapter.checkpoint_engine`).
+(:meth:`mcore_dapo.devices.rollout.RolloutSettings.checkpoint_engine`).
 
 The design is verl's HCCL engine's (``hccl_checkpoint_engine.py``): one sender, the trainer's rank 0, and the
 rollout workers as ranks 1..n of a process group of their own, rebuilt at every sync; the trainer's other ranks

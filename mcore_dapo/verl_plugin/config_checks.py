@@ -84,8 +84,8 @@ def check_packing(c, here: bool = True) -> None:
     if not device or not c.actor_rollout_ref.model.get("use_remove_padding", False):
         return
     adapter = get_adapter(str(device))
-    if here or not adapter.packed_sequences_need_installed_software:
-        adapter.check_packed_sequences(PACKING)
+    if here or not adapter.fast.packed_sequences_need_installed_software:
+        adapter.fast.check_packed_sequences(PACKING)
 
 
 def check_fast_paths(c, cfg, layout: Layout, here: bool = True) -> None:
@@ -102,8 +102,8 @@ def check_fast_paths(c, cfg, layout: Layout, here: bool = True) -> None:
     replay = str(megatron.get("router_replay", {}).get("mode", "disabled")) != "disabled"
     adapter, kw = get_adapter(str(device)), dict(replay=replay,
                                                  dispatcher=overrides.get("moe_token_dispatcher_type") or "alltoall")
-    adapter.check_fast_path_overrides(cfg, layout, overrides, here=here, **kw)
-    if here and (warning := adapter.fast_path_warning(cfg, layout, **kw)):  # what this machine's software loses
+    adapter.fast.check_overrides(cfg, layout, overrides, here=here, **kw)
+    if here and (warning := adapter.fast.warning(cfg, layout, **kw)):  # what this machine's software loses
         import logging
 
         logging.getLogger("mcore_dapo").warning(warning)
@@ -210,18 +210,18 @@ def check_async(c) -> str:
 
 
 def check_checkpoint_engine(c) -> None:
-    """The weight transport to the rollout pool: the trainer device's (``DeviceAdapter.checkpoint_engine``)."""
+    """The weight transport to the rollout pool: the trainer device's (``RolloutSettings.checkpoint_engine``)."""
     device = c.trainer.get("device")
     ce = c.actor_rollout_ref.rollout.checkpoint_engine
     backend, module = str(ce.get("backend")), ce.get("custom_backend_module")
     if backend == "naive":
         raise UserError("actor_rollout_ref.rollout.checkpoint_engine.backend=naive with trainer_mode=separate_async: "
                         "naive hands weights to a rollout on the same devices; accepted is "
-                        + (repr(get_adapter(str(device)).checkpoint_engine()[0]) if device else "the device's transport"))
+                        + (repr(get_adapter(str(device)).rollout.checkpoint_engine()[0]) if device else "the device's transport"))
     if not device:
         return
     adapter = get_adapter(str(device))
-    want, want_module = adapter.checkpoint_engine()
+    want, want_module = adapter.rollout.checkpoint_engine()
     if backend != want:
         raise UserError(f"actor_rollout_ref.rollout.checkpoint_engine.backend={backend} is not accepted on "
                         f"trainer.device={device}: accepted is {want} (the device's transport)")

@@ -172,11 +172,11 @@ def _configure_device(engine) -> None:
     adapter = get_adapter()
     adapter.apply_patches()
     cfg = engine.engine_config
-    if adapter.takes_feature_flags():  # the user's override_transformer_config over the device's fast paths
+    if adapter.fast.takes_feature_flags():  # the user's override_transformer_config over the device's fast paths
         model, layout, kw = _fast_path_context(engine)
-        flags = adapter.configure_flags(model, layout, cfg.override_transformer_config, cfg.context_parallel_size, **kw)
+        flags = adapter.fast.configure_flags(model, layout, cfg.override_transformer_config, cfg.context_parallel_size, **kw)
     else:
-        flags = adapter.feature_flags(cfg.override_transformer_config, cfg.context_parallel_size)
+        flags = adapter.fast.feature_flags(cfg.override_transformer_config, cfg.context_parallel_size)
     adapter.configure(flags)
 
 
@@ -203,7 +203,7 @@ def _build_tf_config(engine) -> None:
     adapter = get_adapter()
     cfg = check_architecture(engine.model_config.local_path)
     if engine.engine_config.use_remove_padding:
-        adapter.check_packed_sequences(PACKING)
+        adapter.fast.check_packed_sequences(PACKING)
     engine.is_value_model = False
     engine.share_embeddings_and_output_weights = cfg.tie_word_embeddings
     engine.param_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
@@ -214,7 +214,7 @@ def _build_tf_config(engine) -> None:
     fields, flags = split_overrides(engine.engine_config.override_transformer_config)
     # verl's megatron.yaml declares fields as null (recompute_granularity, ...): not set, so the mapping's stand
     fields = {k: v for k, v in fields.items() if v is not None}
-    if flags and not adapter.takes_feature_flags():
+    if flags and not adapter.fast.takes_feature_flags():
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
     from mcore_dapo.verl_plugin.router_replay import config_fields
@@ -233,12 +233,12 @@ def _build_tf_config(engine) -> None:
         sequence_parallel=model_settings.sequence_parallel(ec.sequence_parallel, layout.tp, cfg.is_moe,
                                                            "megatron"))
     engine.mcore_freeze_router = model_settings.freeze_moe_router(ec.override_mcore_model_config, "megatron")
-    # the device's fast paths (DeviceAdapter.fast_paths) under the user's fields; a fast path asked that this
+    # the device's fast paths (FastPaths.paths) under the user's fields; a fast path asked that this
     # machine cannot run is one line (also checked before Ray: config_checks.check_fast_paths)
     from mcore_dapo.runtime.model import fast_path_overrides
 
     replay = bool(fields.get("moe_enable_routing_replay"))
-    adapter.check_fast_path_overrides(cfg, layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
+    adapter.fast.check_overrides(cfg, layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
                                       replay=replay)
     fields = fast_path_overrides(engine.mapping, adapter, fields, dispatcher=engine.mcore_dispatcher,
                                  wrapped_in_ddp=not ec.forward_only)
@@ -260,7 +260,7 @@ def _attention_backend(fields: dict, adapter) -> dict:
 
     fields = dict(fields)
     backend = attn_backend(fields.get("attention_backend"), "override_transformer_config.attention_backend")
-    backend = adapter.attention_backend(backend)
+    backend = adapter.fast.attention_backend(backend)
     if backend is not None:
         fields["attention_backend"] = backend
     return fields

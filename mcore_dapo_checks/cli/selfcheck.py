@@ -170,9 +170,9 @@ class SelfCheck:
         return r
 
     def step_rollout_sync(self) -> dict:
-        engine = self.adapter.rollout_package
+        engine = self.adapter.rollout.package
         if importlib.util.find_spec(engine) is None:
-            raise Skip(f"{engine} is not installed ({self.adapter.rollout_install})")
+            raise Skip(f"{engine} is not installed ({self.adapter.rollout.install})")
         if importlib.util.find_spec("verl") is None:  # the weights go through verl's own ServerAdapter
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
         r = self._torchrun("mcore_dapo_checks.bench_vllm_sync",
@@ -187,7 +187,7 @@ class SelfCheck:
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
         args = ["--hf-path", str(self._model()), "--work", str(self.work / "dapo"),
                 *Layout(ep=self.layout.ep).to_argv()]  # the engine step at the layout's EP alone
-        if self.adapter.packed_sequences_supported():
+        if self.adapter.fast.packed_sequences_supported():
             args.append("--remove-padding")
         (self.work / "dapo").mkdir(exist_ok=True)
         r = self._torchrun("mcore_dapo_checks.verl_engine", args)

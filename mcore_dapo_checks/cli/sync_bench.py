@@ -56,7 +56,7 @@ def _validated(a):
         from mcore_dapo.resharding.vllm_target import require_vllm
 
         require_vllm()
-        get_adapter(a.device).check_rollout_model(cfg.head_dim)  # vLLM's CPU attention: its head sizes
+        get_adapter(a.device).rollout.check_model(cfg.head_dim)  # vLLM's CPU attention: its head sizes
     if a.output_ring < 0:
         raise accepted("--output-ring", a.output_ring, "0 or more")
     if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
