@@ -2,7 +2,7 @@
 
 With :func:`audit_env` in the environment of verl's workers (``MCORE_DAPO_AUDIT_DIR=D`` and the engine hook
 ``MCORE_DAPO_ENGINE_HOOK=mcore_dapo_checks.audit:audited``), the plugin registers its engine classes wrapped by
-:func:`audited` (:func:`mcore_dapo.verl_plugin.engine.hooked`); the plugin never imports this module itself. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
+:func:`audited` (:func:`mcore_dapo.verl_plugin.registrations.hooked`); the plugin never imports this module itself. Every wrapped ``train_batch`` first writes the weights it is about to update (HF format,
 through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, the routed experts the update replays under router
 replay R2/R3, and with verl's rollout correction the importance weights and the rollout's log-probs) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo.verl_plugin.engine import AUDIT_ENV as ENV
-from mcore_dapo.verl_plugin.engine import HOOK_ENV
+from mcore_dapo.verl_plugin.registrations import AUDIT_ENV as ENV
+from mcore_dapo.verl_plugin.registrations import HOOK_ENV
 
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on

@@ -124,3 +124,102 @@ def test_the_reach_check_sees_an_import_and_a_module_string():
         ["line 1: 'mcore_dapo_checks.logits'"]
     # text about it is not a reach
     assert references_to("mcore_dapo_checks", '"""Run by mcore_dapo_checks.audit."""\nx = 1  # mcore_dapo_checks\n') == []
+
+
+# import circles the product keeps, each a module group that is one unit by design: the model registry (the HF config
+# reader asks the registered models, which read HF configs) and the patch registry (a type-checking import)
+BENIGN_CIRCLES = [
+    {"bridge.hf_config", "bridge.models", "bridge.models.qwen3", "bridge.models.qwen3.hf_config",
+     "bridge.models.qwen3.megatron"},
+    {"patching.patcher", "patching.registry"},
+]
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the package's modules it imports (anywhere in it, functions too; a package's ``__init__`` is its
+    name), from the sources."""
+    mods = {}
+    for f in package.rglob("*.py"):
+        if "__pycache__" in f.parts:
+            continue
+        rel = f.relative_to(package.parent).with_suffix("")
+        mods[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = f
+
+    def resolve(name):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges = {m: set() for m in mods}
+    for m, f in mods.items():
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Import):
+                targets = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    parts = m.split(".") if f.name == "__init__.py" else m.split(".")[:-1]
+                    parts = parts[:len(parts) - (n.level - 1)]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{a.name}" for a in n.names]
+            else:
+                continue
+            edges[m] |= {r for t in targets if t.split(".")[0] == package.name for r in [resolve(t)] if r and r != m}
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(group)
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_products_only_import_circles_are_the_two_benign_ones():
+    found = [{m.removeprefix("mcore_dapo.") for m in c} for c in circles(import_graph(PACKAGE))]
+    assert sorted(map(sorted, found)) == sorted(map(sorted, BENIGN_CIRCLES))
+
+
+def test_patching_never_imports_the_device_adapters():
+    """The patches sit below the adapters (an adapter applies its device's patches); where a patch needs to know
+    the host, it asks mcore_dapo/host.py, a leaf."""
+    edges = import_graph(PACKAGE)
+    up = sorted(f"{m} -> {t}" for m, ts in edges.items() if m.startswith("mcore_dapo.patching")
+                for t in ts if t.startswith("mcore_dapo.devices"))
+    assert up == []
+    assert edges["mcore_dapo.host"] <= {"mcore_dapo.errors"}, edges["mcore_dapo.host"]
+
+
+def test_the_circle_check_sees_a_circle_through_a_function_level_import(tmp_path):
+    pkg = tmp_path / "mcore_dapo"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a" / "__init__.py").write_text("")
+    (pkg / "a" / "x.py").write_text("from mcore_dapo.b import y\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import x\n")
+    (pkg / "c.py").write_text("import mcore_dapo.b\n")
+    assert circles(import_graph(pkg)) == [{"mcore_dapo.a.x", "mcore_dapo.b"}]

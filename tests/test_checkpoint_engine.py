@@ -57,7 +57,11 @@ def test_verl_finds_the_backend_through_custom_backend_module():
     from verl.checkpoint_engine import CheckpointEngineRegistry
     from verl.utils.import_utils import import_external_libs
 
-    import_external_libs(ce.MODULE)  # what verl's workers and its CheckpointEngineManager do with the key
+    from mcore_dapo.devices import get_adapter
+
+    name, module = get_adapter("cpu").rollout.checkpoint_engine()  # what the launch scripts put in the key
+    assert (name, module) == (ce.NAME, ce.__name__)
+    import_external_libs(module)  # what verl's workers and its CheckpointEngineManager do with the key
     assert CheckpointEngineRegistry.get(ce.NAME) is ce.GlooCheckpointEngine
     actor, rollout = ce.GlooCheckpointEngine.build_topology(3, 2, ["m", None, None, None, None])
     assert actor["rank"] == [0, -1, -1] and rollout["rank"] == [1, 2]

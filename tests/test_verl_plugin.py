@@ -311,25 +311,97 @@ def test_bad_async_variables_are_refused_by_bash():
 
 ENGINE_CLASSES = (
     "import sys, verl; assert 'megatron' not in sys.modules; import verl.workers.engine as e; "
+    "from mcore_dapo.verl_cpu.engine import McoreDapoCpuEngine; from mcore_dapo.verl_plugin.engine import McoreDapoEngine; "
     "r = e.EngineRegistry._engines['language_model']['megatron']; cpu, dev = r['cpu'], r[('cuda', 'nvidia')]; "
     "assert r[('npu', 'huawei')] is dev; "
-    "print(cpu.__name__, dev.__name__, cpu.__module__, issubclass(cpu, dev), "
+    "print(cpu.__name__, dev.__name__, issubclass(cpu, McoreDapoCpuEngine), issubclass(dev, McoreDapoEngine), "
     "sorted(k for k in ('to', 'train_mode', 'eval_mode', 'save_checkpoint') "
     "for c in dev.__mro__ if c.__module__.startswith('mcore_dapo') and k in vars(c)), "
     "'mcore_dapo_checks.audit' in sys.modules)")
 
+# the modules of the plugin that hold a subclass of a verl class (and so import verl); the reference is this list,
+# not the registration table it is checked against
+VERL_CLASS_MODULES = {"mcore_dapo.verl_plugin.engine", "mcore_dapo.verl_plugin.checkpoint_manager",
+                      "mcore_dapo.verl_cpu.engine", "mcore_dapo.verl_cpu.platform", "mcore_dapo.verl_cpu.replica",
+                      "mcore_dapo.verl_cpu.checkpoint_engine"}
+PLUGIN_IMPORTS = (
+    "import sys, pkgutil, importlib, inspect, mcore_dapo.verl_plugin as p, mcore_dapo.verl_cpu as c; "
+    "mods = sorted(pkg.__name__ + '.' + m.name for pkg in (p, c) for m in pkgutil.iter_modules(pkg.__path__)); "
+    "classes = set(sys.argv[1].split(',')); "
+    "[importlib.import_module(m) for m in mods if m not in classes and not m.endswith('.enable')]; "
+    "print('verl' in sys.modules, 'megatron' in sys.modules); "
+    "[importlib.import_module(m) for m in sorted(classes)]; "
+    "from verl.workers.engine.base import EngineRegistry; from verl.plugin.platform.platform_manager import "
+    "PlatformRegistry; from verl.workers.rollout import base, replica; "
+    "ours = lambda x: getattr(x, '__module__', '').startswith('mcore_dapo'); "
+    "engines = [k for d in EngineRegistry._engines.values() for b in d.values() for k, v in b.items() if ours(v)]; "
+    "print(engines, PlatformRegistry.get('cpu'), [k for k in replica.RolloutReplicaRegistry._registry "
+    "if k == 'hf_cpu'], [k for k, v in base._ROLLOUT_REGISTRY.items() if v.startswith('mcore_dapo')]); "
+    "from mcore_dapo.verl_plugin import registrations as r; "
+    "verl_subclasses = sorted(f'{m}:{n}' for m in mods if m in classes for n, k in "
+    "vars(sys.modules[m]).items() if inspect.isclass(k) and k.__module__ == m and "
+    "any(b.__module__.startswith('verl.') for b in k.__mro__[1:])); "
+    "print(verl_subclasses == sorted({row.target for row in r.TABLE} | {r.CHECKPOINT_MANAGER, "
+    "'mcore_dapo.verl_cpu.checkpoint_engine:GlooCheckpointEngine'}), verl_subclasses)")
+
 
 def test_only_the_entry_point_registers():
-    """Every module of the plugin but the entry point imports without verl and registers nothing; the installed
-    entry point is the module whose import registers."""
-    code = ("import sys, pkgutil, importlib, importlib.metadata as md, mcore_dapo.verl_plugin as p; "
-            "mods = sorted(m.name for m in pkgutil.iter_modules(p.__path__)); "
-            "[importlib.import_module('mcore_dapo.verl_plugin.' + m) for m in mods if m != 'enable']; "
-            "print('verl' in sys.modules, 'megatron' in sys.modules, "
-            "[e.value for e in md.entry_points(group='verl.plugins') if e.name == 'mcore_dapo'], 'enable' in mods)")
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    """Every module of the plugin but the entry point registers nothing on import (verl's plugin discovery off, so
+    that ``import verl`` does not run the entry point); those that hold no subclass of a verl class do not import
+    verl; every module-level subclass of a verl class is one of the registration table's (or the checkpoint
+    manager the engine builds, or the gloo transport, which registers itself by verl's contract for
+    ``custom_backend_module``); the installed entry point is the module whose import registers."""
+    env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
+    p = subprocess.run([sys.executable, "-c", PLUGIN_IMPORTS, ",".join(sorted(VERL_CLASS_MODULES))],
+                       capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["False", "False", "['mcore_dapo.verl_plugin.enable']", "True"]
+    lines = p.stdout.strip().splitlines()
+    assert lines[0] == "False False"
+    assert lines[1] == "[] None [] []"  # the gloo transport's own registration is not one of these registries
+    assert lines[2].startswith("True "), lines[2]
+    code = ("import importlib.metadata as md; "
+            "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'mcore_dapo'])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.stdout.split() == ["['mcore_dapo.verl_plugin.enable']"]
+
+
+def test_no_class_of_the_product_is_built_inside_a_function():
+    """verl's pattern: module-level classes. No class statement inside a function of the product, no instance
+    made another class by assigning ``__class__``, and no read of a registry's private table (verl 0.9.1 offers
+    no function that registers a rollout adapter: its ``_ROLLOUT_REGISTRY`` dict is written, never read)."""
+    assert _class_problems(ROOT / "mcore_dapo") == []
+
+
+def test_the_class_check_sees_a_nested_class_a_class_swap_and_a_private_read(tmp_path):
+    (tmp_path / "m.py").write_text("def f(base):\n    class C(base):\n        pass\n    return C\n"
+                                   "def g(m):\n    m.__class__ = int\n"
+                                   "def h(r):\n    return 'x' in r._registry\n"
+                                   "def ok(base):\n    base._ROLLOUT_REGISTRY['k'] = 'v'\n")
+    assert _class_problems(tmp_path) == ["m.py:2 class C inside a function", "m.py:6 assigns __class__",
+                                         "m.py:8 reads _registry"]
+
+
+PRIVATE_TABLES = {"_engines", "_registry", "_platforms", "_ROLLOUT_REGISTRY"}
+
+
+def _class_problems(root) -> list[str]:
+    import ast
+
+    out = []
+    for f in sorted(root.rglob("*.py")):
+        tree, rel = ast.parse(f.read_text()), f.relative_to(root)
+        for fn in [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            out += [f"{rel}:{n.lineno} class {n.name} inside a function" for n in ast.walk(fn)
+                    if isinstance(n, ast.ClassDef)]
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Attribute) and n.attr == "__class__" and isinstance(n.ctx, ast.Store):
+                out.append(f"{rel}:{n.lineno} assigns __class__")
+            if isinstance(n, ast.Attribute) and n.attr in PRIVATE_TABLES and isinstance(n.ctx, ast.Load):
+                parent_store = any(isinstance(s, ast.Subscript) and s.value is n and isinstance(s.ctx, ast.Store)
+                                   for s in ast.walk(tree))
+                if not parent_store:
+                    out.append(f"{rel}:{n.lineno} reads {n.attr}")
+    return sorted(set(out), key=lambda s: (s.split(":")[0], int(s.split(":")[1].split()[0])))
 
 
 def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
@@ -339,8 +411,7 @@ def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
     monkeypatch.setenv("MCORE_DAPO_AUDIT_DIR", "/nonexistent")  # the directory alone installs nothing
     p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True", "[]",
-                                "False"]
+    assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "True", "True", "[]", "False"]
 
 
 def test_audit_is_a_wrapper_installed_only_through_the_engine_hook(monkeypatch, tmp_path):
@@ -350,8 +421,7 @@ def test_audit_is_a_wrapper_installed_only_through_the_engine_hook(monkeypatch, 
         monkeypatch.setenv(k, v)
     p = subprocess.run([sys.executable, "-c", ENGINE_CLASSES], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["McoreDapoCpuEngine", "AuditedMcoreDapoEngine", "mcore_dapo.verl_cpu.engine", "True",
-                                "[]", "True"]
+    assert p.stdout.split() == ["AuditedMcoreDapoCpuEngine", "AuditedMcoreDapoEngine", "True", "True", "[]", "True"]
 
 
 @pytest.mark.cpu_only
@@ -557,3 +627,57 @@ def test_a_checkpoint_of_the_other_megatron_lines_optimizer_is_one_line(tmp_path
     accepted = ", ".join(sorted(ck.readable_formats()))
     assert f"written by megatron-core {writer}" in msg and f"accepted here: {accepted}" in msg
     assert ck.check(folder, here, load_optimizer=False) is not None
+
+
+@pytest.mark.parametrize("first", ["mcore_dapo.verl_plugin.engine", "mcore_dapo.verl_cpu.engine",
+                                   "mcore_dapo.verl_plugin.checkpoint_manager"])
+def test_engines_registered_whichever_class_module_is_imported_first(first):
+    """A class module imported before verl's engine package is what imports it: the table's rows wait for the
+    class modules to finish (registrations.complete) instead of failing on a partly executed module."""
+    code = (f"import importlib, sys; importlib.import_module({first!r}); import verl.workers.engine as e; "
+            "r = e.EngineRegistry._engines['language_model']['megatron']; "
+            "print(r['cpu'].__name__, r[('cuda', 'nvidia')].__name__, r[('npu', 'huawei')] is r[('cuda', 'nvidia')])")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "True"]
+
+
+REBUILT = """
+import os, sys, torch, torch.distributed as dist
+from omegaconf import OmegaConf
+from verl.utils.checkpoint.megatron_checkpoint_manager import MegatronCheckpointManager
+from mcore_dapo.verl_plugin.checkpoint_manager import McoreDapoCheckpointManager, constructor_arguments
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+base = MegatronCheckpointManager
+if sys.argv[2] == "extra":  # a verl whose constructor takes an argument it does not keep under its name
+    class base(MegatronCheckpointManager):
+        def __init__(self, *a, new_setting=1, **kw):
+            super().__init__(*a, **kw)
+args = dict(config=OmegaConf.create({"model": {"path": "p"}}), checkpoint_config=OmegaConf.create(
+    {"save_contents": ["optimizer"], "load_contents": ["optimizer"], "async_save": False}), model_config="mc",
+    transformer_config="tc", role="actor", model=["m"], arch="a", hf_config="hc", param_dtype=torch.bfloat16,
+    share_embeddings_and_output_weights=True, processing_class="pc", optimizer="o", optimizer_scheduler="s",
+    use_distributed_optimizer=True, use_checkpoint_opt_param_scheduler=True, use_dist_checkpointing=True,
+    use_megatron_fsdp=False, bridge="b", provider="pv", peft_cls="pf")
+verl = base(**args)
+try:
+    new = McoreDapoCheckpointManager.rebuilt(verl, engine="e")
+except RuntimeError as e:
+    print("refused:", e); sys.exit(0)
+same = sorted(k for k in vars(verl) if vars(verl)[k] is not vars(new).get(k) and vars(verl)[k] != vars(new).get(k))
+print(type(new).__name__, same, new._mcore_engine, new.lr_scheduler)
+"""
+
+
+@pytest.mark.parametrize("verl_kind, want", [
+    ("same", "McoreDapoCheckpointManager [] e s"),
+    ("extra", "refused: verl's MegatronCheckpointManager takes ['new_setting']"),
+])
+def test_the_engine_rebuilds_verls_checkpoint_manager_from_its_own_arguments(verl_kind, want):
+    """The plugin's manager is built from the arguments verl built its own with (every attribute the same), and a
+    verl whose constructor takes an argument it does not keep is refused at the engine's start, not guessed."""
+    port = str(29500 + os.getpid() % 1000)
+    p = subprocess.run([sys.executable, "-c", REBUILT, port, verl_kind], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip().startswith(want), p.stdout

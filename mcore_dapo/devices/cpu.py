@@ -28,26 +28,6 @@ class RMSNorm(torch.nn.Module):
         return torch.nn.functional.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
 
 
-def causal_attention_class():
-    """Megatron's local DotProductAttention, reading a ``[batch, seq]`` mask as TE's causal kernels do.
-
-    verl's BSHD path hands the model a ``[batch, seq]`` padding mask (right padding). Transformer
-    Engine's causal attention (CUDA, and MindSpeed's on Ascend) does not use it: padding sits
-    after every real token, so causal attention already keeps it out. The local kernel would
-    instead try to broadcast it against ``[batch, heads, seq, seq]`` scores; here a 2-D mask
-    means "causal" and 4-D masks pass through unchanged.
-    """
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-    class CausalDotProductAttention(DotProductAttention):
-        def forward(self, query, key, value, attention_mask, *args, **kwargs):
-            if attention_mask is not None and attention_mask.dim() == 2:
-                attention_mask = None
-            return super().forward(query, key, value, attention_mask, *args, **kwargs)
-
-    return CausalDotProductAttention
-
-
 class CpuFastPaths(FastPaths):
     """Megatron's unfused path: no fast path, no packed sequences, no context parallelism."""
 
@@ -116,7 +96,7 @@ class CpuAdapter(DeviceAdapter):
             if getattr(spec_holder, attr, None) is WrappedTorchNorm:
                 setattr(spec_holder, attr, RMSNorm)
 
-        attention = causal_attention_class()
+        from mcore_dapo.devices.cpu_attention import CausalDotProductAttention as attention
         for layer in block.layer_specs:
             sub = layer.submodules
             sub.self_attention.submodules.core_attention = attention

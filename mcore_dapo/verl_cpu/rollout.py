@@ -15,10 +15,13 @@ this module gives verl the same three pieces on the CPU, with HF transformers as
   served in the order they arrive: a run resumed from a checkpoint samples what the uninterrupted run
   sampled after that step); weights
   arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
-* :class:`CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
-* :class:`CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the trainer
-  worker's side; rank 0 of each replica forwards the engine's ``(hf_name, tensor)`` to its
-  server in buckets.
+* :class:`~mcore_dapo.verl_cpu.replica.CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
+* :class:`~mcore_dapo.verl_cpu.replica.CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the
+  trainer worker's side; rank 0 of each replica forwards the engine's ``(hf_name, tensor)`` to its server in
+  buckets.
+
+The two verl classes are in :mod:`mcore_dapo.verl_cpu.replica` (which imports verl's rollout package), registered
+by :mod:`mcore_dapo.verl_plugin.registrations`; this module does not import verl.
 
 It is how the whole DAPO loop (verl's trainer, agent loop, reward loop, dynamic sampling, the
 plugin's Megatron engine) runs on a laptop; it is not a fast inference engine.
@@ -28,13 +31,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 
 import torch
 
 NAME = "hf_cpu"
-ADAPTER_FQN = "mcore_dapo.verl_cpu.rollout.CpuServerAdapter"
 BUCKET_BYTES = 64 << 20
 
 log = logging.getLogger(__name__)
@@ -297,118 +298,3 @@ class CpuRolloutServer:
 
     async def stop_profile(self):
         return None
-
-
-def replica_class():
-    import ray
-
-    from verl.workers.rollout.replica import RolloutReplica
-
-    class CpuRolloutReplica(RolloutReplica):
-        """Starts one :class:`CpuRolloutServer` actor for this replica (hybrid or standalone)."""
-
-        def rollout_worker_use_gpu(self) -> bool:
-            return False
-
-        async def launch_servers(self):
-            name = server_name(self.replica_rank)
-            server = ray.remote(CpuRolloutServer).options(
-                name=name, num_cpus=0, max_concurrency=self.max_concurrency,
-            ).remote(config=self.config, model_config=self.model_config, replica_rank=self.replica_rank)
-            await server.stats.remote()  # constructed (model loaded) before the trainer goes on
-            self.servers = [server]
-            self._server_handle = server
-            self._server_address = name
-
-        async def init_standalone(self):
-            # verl's own (verl/workers/rollout/replica.py): a resource pool of the rollout's own slots and a
-            # CheckpointEngineWorker per slot, whose server adapter (CpuServerAdapter) forwards what the
-            # checkpoint engine receives to this replica's server; then launch_servers
-            await super().init_standalone()
-
-    return CpuRolloutReplica
-
-
-def adapter_base():
-    from verl.workers.rollout.base import BaseRollout
-
-    return BaseRollout
-
-
-def _make_adapter():
-    import ray
-
-    class CpuServerAdapter(adapter_base()):
-        """The trainer worker's side of the hybrid rollout: forwards weights to its replica's server."""
-
-        def __init__(self, config, model_config, device_mesh, replica_rank: int = -1):
-            super().__init__(config, model_config, device_mesh)
-            rank = int(os.environ.get("RANK", "0"))
-            world = self.config.tensor_model_parallel_size * self.config.data_parallel_size * \
-                self.config.pipeline_model_parallel_size
-            self.replica_rank = rank // world if replica_rank == -1 else replica_rank
-            self.sends = (rank % world) == 0
-            self.server = None
-
-        @property
-        def is_leader_rank(self) -> bool:  # verl's CheckpointEngineWorker asks
-            return self.sends
-
-        def _server(self):
-            if self.server is None:
-                self.server = ray.get_actor(server_name(self.replica_rank))
-            return self.server
-
-        async def resume(self, tags: list[str]):
-            return None
-
-        async def release(self):
-            return None
-
-        async def update_weights(self, weights, wire_format: str = "named_tensors", **kwargs):
-            if wire_format != "named_tensors":
-                raise NotImplementedError(f"hf_cpu rollout takes named tensors, not {wire_format!r}")
-            from verl.workers.rollout.utils import ensure_async_iterator
-
-            global_steps = kwargs.get("global_steps")
-            bucket, size = [], 0
-            # every rank runs the exporter (it gathers); rank 0 of the replica sends. The server stages the
-            # buckets and loads them whole at the end: a sync that fails on the way (a transport's checksum, a
-            # killed trainer) leaves the rollout on the weights it had
-            try:
-                async for name, t in ensure_async_iterator(weights):
-                    if not self.sends:
-                        continue
-                    bucket.append((name, t.detach().to("cpu", copy=True)))
-                    size += t.numel() * t.element_size()
-                    if size >= BUCKET_BYTES:
-                        await self._server().stage.remote(bucket)
-                        bucket, size = [], 0
-                if self.sends:
-                    await self._server().stage.remote(bucket)
-            except BaseException:
-                if self.sends:
-                    await self._server().discard.remote()
-                raise
-            if self.sends:
-                sent = await self._server().commit.remote(global_steps)
-                log.info("hf_cpu rollout replica %d received %d tensors", self.replica_rank, sent)
-
-    return CpuServerAdapter
-
-
-def __getattr__(name):  # CpuServerAdapter is built on first use: verl's BaseRollout imports verl's workers
-    if name == "CpuServerAdapter":
-        cls = _make_adapter()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)
-
-
-def register() -> None:
-    """Add ``hf_cpu`` to verl's rollout registries (replica class and worker-side adapter)."""
-    from verl.workers.rollout import base, replica
-
-    base._ROLLOUT_REGISTRY.setdefault((NAME, "async"), ADAPTER_FQN)
-    if NAME not in replica.RolloutReplicaRegistry._registry:
-        replica.RolloutReplicaRegistry.register(NAME, replica_class)

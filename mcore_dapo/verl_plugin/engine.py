@@ -14,161 +14,102 @@ checkpoint manager, is verl's):
   (``megatron.use_dist_checkpointing``), ``Float16Module`` and Megatron's DDP as verl wraps them;
 * ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed), an
   offloaded model loaded first as verl's own does;
-* ``initialize``: verl's, then its checkpoint manager made :mod:`mcore_dapo.verl_plugin.checkpoint`'s (atomic
-  saves, the distributed optimizer in a format another layout loads, one-line checks before a load);
+* ``initialize``: verl's, then its checkpoint manager rebuilt, from the arguments verl built it with, as
+  :class:`mcore_dapo.verl_plugin.checkpoint_manager.McoreDapoCheckpointManager` (atomic saves, the distributed
+  optimizer in a format another layout loads, one-line checks before a load);
 * ``train_batch``: verl's, plus the routing agreement of the last passes in its metrics (MoE);
 * ``forward_backward_batch``: first, a checkpoint written in the background is finished if every rank's writes
   are done (:func:`checkpoint.poll`, at every log-prob computation and update), then verl's (router replay).
 
-Everything here is what every device shares. Registration: ``language_model``/``megatron`` under the vendor
-keys (cuda, nvidia) and (npu, huawei), which verl's registry looks up before its own device-only entries,
-and for verl's ``cpu`` device the subclass of :mod:`mcore_dapo.verl_cpu.engine` (load and offload told
-apart where the device and the host are both "cpu"). ``MCORE_DAPO_VERL_ENGINE=0`` leaves verl's engines in
-charge on CUDA and Ascend. ``MCORE_DAPO_ENGINE_HOOK=module:function``: the class (and so its CPU subclass) is
-first passed through that function, which returns the class to register: how verification attaches (the audit,
-``mcore_dapo_checks.audit:audited``, set by the runs that audit); this module imports none of it.
-Registration waits until verl imports ``verl.workers.engine`` so that ``import verl`` never imports
-Megatron (MindSpeed must be imported before it).
+Everything here is what every device shares; verl's ``cpu`` device gets the subclass of
+:mod:`mcore_dapo.verl_cpu.engine` (load and offload told apart where the device and the host are both "cpu"). Both
+are registered by :mod:`mcore_dapo.verl_plugin.registrations`'s table, not by this module (its last line only
+finishes what the entry point asked for while the module executed: :func:`~.registrations.complete`). Importing this module
+imports verl's Megatron engine, so Megatron: the device is prepared first (MindSpeed before Megatron on Ascend).
 """
 
 from __future__ import annotations
 
-import os
+from mcore_dapo.devices import get_adapter
 
-ENGINE_PACKAGE = "verl.workers.engine"
-AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # where an audit writes (read by the audit, and by the CPU checkpoint engine)
-HOOK_ENV = "MCORE_DAPO_ENGINE_HOOK"  # "module:function" wrapping the engine class before it is registered
-_registered = False
+get_adapter().prepare()  # MindSpeed before Megatron on Ascend
 
+from verl.workers.engine.megatron import MegatronEngineWithLMHead  # noqa: E402
 
-def hooked(cls):
-    """``cls`` through the function ``MCORE_DAPO_ENGINE_HOOK`` names (``module:function``), or ``cls`` itself."""
-    spec = os.environ.get(HOOK_ENV, "")
-    if not spec:
-        return cls
-    import importlib
-
-    from mcore_dapo.errors import UserError
-
-    module, _, name = spec.partition(":")
-    try:
-        hook = getattr(importlib.import_module(module), name) if module and name else None
-    except (ImportError, AttributeError):
-        hook = None
-    if not callable(hook):
-        raise UserError(f"{HOOK_ENV}={spec!r} is not accepted: accepted is module:function of an importable module")
-    return hook(cls)
+from mcore_dapo.verl_plugin import registrations  # noqa: E402
+from mcore_dapo.verl_plugin.registrations import CHECKPOINT_MANAGER, load  # noqa: E402
 
 
-def register() -> None:
-    """Register the engine with verl's EngineRegistry (once)."""
-    global _registered
-    if _registered:
-        return
-    from verl.workers.engine.base import EngineRegistry
+class McoreDapoEngine(MegatronEngineWithLMHead):
+    def _init_device_mesh(self):
+        _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
+        super()._init_device_mesh()
+        get_adapter().mark_model_parallel_initialised()
 
-    from mcore_dapo.verl_cpu.engine import cpu_engine_class
+    def _build_tf_config(self):
+        _build_tf_config(self)
 
-    cls = hooked(engine_class())
-    # verl's registry keys: its cpu device (no vendor), and (device, vendor) looked up before verl's own
-    table = [(dict(device="cpu"), cpu_engine_class(cls))]
-    if os.environ.get("MCORE_DAPO_VERL_ENGINE", "1") != "0":
-        table += [(dict(device="cuda", vendor="nvidia"), cls), (dict(device="npu", vendor="huawei"), cls)]
-    for key, engine_cls in table:
-        try:
-            EngineRegistry.register(model_type="language_model", backend="megatron", **key)(engine_cls)
-        except AssertionError:  # verl's register asserts a key is new: one registered first keeps its class
-            pass
-    _registered = True
+    def initialize(self):
+        super().initialize()
+        if getattr(self, "checkpoint_mananager", None) is not None:  # verl's spelling; None when forward_only
+            # verl's manager rebuilt as the plugin's from its own constructor arguments: atomic saves, the
+            # optimizer in a format with no gather, checks before a load (verl_plugin/checkpoint_manager.py)
+            self.checkpoint_mananager = load(CHECKPOINT_MANAGER).rebuilt(self.checkpoint_mananager, self)
 
+    def _build_megatron_module(self):
+        return _build_megatron_module(self)
 
-def register_when_imported() -> None:
-    from mcore_dapo.patching.import_hooks import after_import
+    def get_per_tensor_param(self, base_sync_done=False, **kwargs):
+        # Called on every trainer rank, by the colocated sync (naive) and by verl's checkpoint engines
+        # (separate_async). Every rank yields the same (hf_name, shape, dtype) sequence in the same order:
+        # producing a tensor is collective over the ranks, and verl's NCCL engine lets relay ranks cut bucket
+        # boundaries from their own stream (nccl_checkpoint_engine.py, _relay_weights). The gloo engine checks
+        # it at every sync (mcore_dapo/verl_cpu/checkpoint_engine.py; tests/test_checkpoint_engine.py).
+        # As verl's own: offloaded parameters come back first (verl's update_weights offloads them
+        # again after the sync when param_offload is set)
+        self.load_if_offloaded(load_grad=False)
+        return export_weights(self), None
 
-    after_import(ENGINE_PACKAGE, register)
+    def load_if_offloaded(self, load_grad: bool) -> None:
+        """verl's ``load_megatron_model_to_gpu`` where verl offloads the model (param_offload), as verl's
+        get_per_tensor_param and save_checkpoint call it; it needs the DDP buffers' ``param_data``, which
+        only the distributed optimizer has (verl's offload needs it too)."""
+        if self._is_offload_param:
+            from verl.utils.megatron_utils import load_megatron_model_to_gpu
 
+            load_megatron_model_to_gpu(self.module, load_grad=load_grad)
 
-def engine_class():
-    from mcore_dapo.devices import get_adapter
+    def on_checkpoint(self, kind: str, step) -> None:
+        """Called by the checkpoint manager once a checkpoint is written (``kind="save"``, before it is
+        moved into place) or loaded (``"load"``); the audit harness records what the engine holds."""
 
-    get_adapter().prepare()  # MindSpeed before Megatron on Ascend
-    from verl.workers.engine.megatron import MegatronEngineWithLMHead
+    def train_batch(self, data, loss_function):
+        out = super().train_batch(data, loss_function)
+        if out is not None and "metrics" in out:  # routing agreement of the last passes (one value, all ranks)
+            out["metrics"].update({k: [v] for k, v in self._mcore_routing_metrics.items()})
+        self._mcore_routing_metrics.clear()
+        return out
 
-    class McoreDapoEngine(MegatronEngineWithLMHead):
-        def _init_device_mesh(self):
-            _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
-            super()._init_device_mesh()
-            get_adapter().mark_model_parallel_initialised()
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        from mcore_dapo.verl_plugin import checkpoint, router_replay
 
-        def _build_tf_config(self):
-            _build_tf_config(self)
+        checkpoint.poll(self)  # a checkpoint written in the background is finished once every rank's is
 
-        def initialize(self):
-            super().initialize()
-            from mcore_dapo.verl_plugin import checkpoint
+        return router_replay.forward_backward_batch(self, super().forward_backward_batch, data, loss_function,
+                                                    forward_only)
 
-            # atomic saves, the reshardable optimizer format, checks before a load (verl_plugin/checkpoint.py)
-            checkpoint.install(self)
+    def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
+        from mcore_dapo.verl_plugin import router_replay
 
-        def _build_megatron_module(self):
-            return _build_megatron_module(self)
-
-        def get_per_tensor_param(self, base_sync_done=False, **kwargs):
-            # Called on every trainer rank, by the colocated sync (naive) and by verl's checkpoint engines
-            # (separate_async). Every rank yields the same (hf_name, shape, dtype) sequence in the same order:
-            # producing a tensor is collective over the ranks, and verl's NCCL engine lets relay ranks cut bucket
-            # boundaries from their own stream (nccl_checkpoint_engine.py, _relay_weights). The gloo engine checks
-            # it at every sync (mcore_dapo/verl_cpu/checkpoint_engine.py; tests/test_checkpoint_engine.py).
-            # As verl's own: offloaded parameters come back first (verl's update_weights offloads them
-            # again after the sync when param_offload is set)
-            load_if_offloaded(self, load_grad=False)
-            return export_weights(self), None
-
-        def on_checkpoint(self, kind: str, step) -> None:
-            """Called by the checkpoint manager once a checkpoint is written (``kind="save"``, before it is
-            moved into place) or loaded (``"load"``); the audit harness records what the engine holds."""
-
-        def train_batch(self, data, loss_function):
-            out = super().train_batch(data, loss_function)
-            if out is not None and "metrics" in out:  # routing agreement of the last passes (one value, all ranks)
-                out["metrics"].update({k: [v] for k, v in self._mcore_routing_metrics.items()})
-            self._mcore_routing_metrics.clear()
-            return out
-
-        def forward_backward_batch(self, data, loss_function, forward_only=False):
-            from mcore_dapo.verl_plugin import checkpoint, router_replay
-
-            checkpoint.poll(self)  # a checkpoint written in the background is finished once every rank's is
-
-            return router_replay.forward_backward_batch(self, super().forward_backward_batch, data, loss_function,
-                                                        forward_only)
-
-        def forward_step(self, batch_iter, model, logits_processor_func, postprocess_micro_batch_func):
-            from mcore_dapo.verl_plugin import router_replay
-
-            if self.engine_config.use_remove_padding or getattr(self, "_mcore_route_probe", None) is None:
-                return super().forward_step(batch_iter, model, logits_processor_func, postprocess_micro_batch_func)
-            return router_replay.bshd_forward_step(self, super().forward_step, batch_iter, model,
-                                                   logits_processor_func, postprocess_micro_batch_func)
-
-    return McoreDapoEngine
-
-
-def load_if_offloaded(engine, load_grad: bool) -> None:
-    """verl's ``load_megatron_model_to_gpu`` where verl offloads the model (param_offload), as verl's
-    get_per_tensor_param and save_checkpoint call it; it needs the DDP buffers' ``param_data``, which
-    only the distributed optimizer has (verl's offload needs it too)."""
-    if engine._is_offload_param:
-        from verl.utils.megatron_utils import load_megatron_model_to_gpu
-
-        load_megatron_model_to_gpu(engine.module, load_grad=load_grad)
+        if self.engine_config.use_remove_padding or getattr(self, "_mcore_route_probe", None) is None:
+            return super().forward_step(batch_iter, model, logits_processor_func, postprocess_micro_batch_func)
+        return router_replay.bshd_forward_step(self, super().forward_step, batch_iter, model,
+                                               logits_processor_func, postprocess_micro_batch_func)
 
 
 def _configure_device(engine) -> None:
     """Before Megatron's parallel state and RNG tracker exist: the device's patches (the CPU's
     RNG and CUDA-only spots) and feature flags (MindSpeed's ``repatch`` on Ascend)."""
-    from mcore_dapo.devices import get_adapter
-
     adapter = get_adapter()
     adapter.apply_patches()
     cfg = engine.engine_config
@@ -196,7 +137,6 @@ def _build_tf_config(engine) -> None:
 
     from mcore_dapo.bridge import Bridge, Layout
     from mcore_dapo.bridge.megatron_config import build_transformer_config, split_overrides
-    from mcore_dapo.devices import get_adapter
     from mcore_dapo.errors import UserError
     from mcore_dapo.verl_plugin.config_checks import PACKING, check_architecture
 
@@ -267,7 +207,6 @@ def _attention_backend(fields: dict, adapter) -> dict:
 
 
 def _build_megatron_module(engine):
-    from mcore_dapo.devices import get_adapter
     from mcore_dapo.runtime.model import build_model
 
     adapter = get_adapter()
@@ -320,3 +259,6 @@ def export_weights(engine):
         exporter = WeightExporter(engine.module, engine.mapping, parallel_info(), dtype=engine.param_dtype)
         engine._mcore_exporter = exporter
     return exporter.iter_weights()
+
+
+registrations.complete(__name__)  # rows the entry point asked for while this module executed
