@@ -681,3 +681,23 @@ def test_the_engine_rebuilds_verls_checkpoint_manager_from_its_own_arguments(ver
     p = subprocess.run([sys.executable, "-c", REBUILT, port, verl_kind], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.strip().startswith(want), p.stdout
+
+
+PREPARED_FIRST = (
+    "import sys, mcore_dapo.devices as d; seen = []; real = d.get_adapter\n"
+    "class Watch:\n"
+    "    def __init__(self, a): self.a = a\n"
+    "    def prepare(self): seen.append('megatron' in sys.modules); return self.a.prepare()\n"
+    "    def __getattr__(self, k): return getattr(self.a, k)\n"
+    "d.get_adapter = lambda *a, **k: Watch(real(*a, **k))\n"
+    "import verl; assert 'megatron' not in sys.modules; import verl.workers.engine\n"
+    "print(seen[:1])")
+
+
+def test_the_device_is_prepared_before_verls_engine_package_imports_megatron():
+    """On Ascend MindSpeed's adaptor must be imported before Megatron, and verl's engine package imports Megatron
+    (verl/workers/engine/__init__.py imports .megatron): the entry point prepares the device right before that
+    package's code runs. The adapter is watched, not replaced: what it sees is whether Megatron was imported."""
+    p = subprocess.run([sys.executable, "-c", PREPARED_FIRST], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["[False]"]
