@@ -630,16 +630,23 @@ def test_a_checkpoint_of_the_other_megatron_lines_optimizer_is_one_line(tmp_path
 
 
 @pytest.mark.parametrize("first", ["mcore_dapo.verl_plugin.engine", "mcore_dapo.verl_cpu.engine",
-                                   "mcore_dapo.verl_plugin.checkpoint_manager"])
-def test_engines_registered_whichever_class_module_is_imported_first(first):
-    """A class module imported before verl's engine package is what imports it: the table's rows wait for the
-    class modules to finish (registrations.complete) instead of failing on a partly executed module."""
-    code = (f"import importlib, sys; importlib.import_module({first!r}); import verl.workers.engine as e; "
+                                   "mcore_dapo.verl_plugin.checkpoint_manager", "mcore_dapo.verl_cpu.platform",
+                                   "mcore_dapo.verl_cpu.replica"])
+def test_every_row_registered_whichever_class_module_is_imported_first(first):
+    """A class module imported before verl is what imports verl and its registries: the table's rows wait for the
+    class modules to finish (registrations.complete) instead of failing on a partly executed module, and none is
+    left waiting: the platform and the rollout before verl's engine package is imported, the engines after."""
+    code = (f"import importlib, sys; importlib.import_module({first!r}); "
+            "from verl.plugin.platform.platform_manager import PlatformRegistry; "
+            "from verl.workers.rollout import base; from verl.workers.rollout.replica import RolloutReplicaRegistry; "
+            "print(PlatformRegistry.get('cpu').__name__, base._ROLLOUT_REGISTRY.get(('hf_cpu', 'async')), "
+            "RolloutReplicaRegistry.get('hf_cpu').__name__); import verl.workers.engine as e; "
             "r = e.EngineRegistry._engines['language_model']['megatron']; "
             "print(r['cpu'].__name__, r[('cuda', 'nvidia')].__name__, r[('npu', 'huawei')] is r[('cuda', 'nvidia')])")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "True"]
+    assert p.stdout.split() == ["PlatformCPU", "mcore_dapo.verl_cpu.replica.CpuServerAdapter", "CpuRolloutReplica",
+                                "McoreDapoCpuEngine", "McoreDapoEngine", "True"]
 
 
 REBUILT = """

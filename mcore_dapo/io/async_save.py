@@ -101,14 +101,6 @@ def _rebind(preload_fn, buckets):
     return (preload_fn.func, buckets, *preload_fn.args[1:])
 
 
-def persistent_caller(device: str):
-    """megatron-core's ``PersistentAsyncCaller`` whose worker is prepared for ``device``
-    (:class:`mcore_dapo.io.async_caller.PersistentCaller`)."""
-    from mcore_dapo.io.async_caller import PersistentCaller
-
-    return PersistentCaller(device)
-
-
 @dataclass
 class PendingSave:
     """A save whose writes run in the background; its ``steps`` run in order on every rank once all are done
@@ -135,7 +127,9 @@ class BackgroundWriter:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=True)
-            self._queue.persistent_caller = persistent_caller(self.device)
+            from mcore_dapo.io.async_caller import PersistentCaller
+
+            self._queue.persistent_caller = PersistentCaller(self.device)  # its worker prepared for the device
         return self._queue
 
     def start(self) -> None:

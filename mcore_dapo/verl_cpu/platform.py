@@ -10,7 +10,7 @@ accelerator is found and the project's one detection, :func:`mcore_dapo.devices.
 answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
 
 Importing this module imports verl's platform base; :mod:`mcore_dapo.verl_plugin.registrations` registers the
-class, and the entry point applies the patch registry's verl patches for it (``verl.cpu.process-group``).
+class (the last line only finishes what the entry point asked for while this module executed), and the entry point applies the patch registry's verl patches for it (``verl.cpu.process-group``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import types
 
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
+
+from mcore_dapo.verl_plugin import registrations
 
 NAME = "cpu"
 
@@ -170,3 +172,6 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self):
         return None
+
+
+registrations.complete(__name__)  # rows the entry point asked for while this module executed

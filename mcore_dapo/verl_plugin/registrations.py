@@ -19,9 +19,10 @@ no Megatron engine that runs there). ``MCORE_DAPO_ENGINE_HOOK=module:function``:
 through that function, which returns the class to register: how verification attaches (the audit,
 ``mcore_dapo_checks.audit:audited``); the product imports none of it.
 
-A class module imported before verl's registry module (``from mcore_dapo.verl_plugin.engine import ...`` first)
-is itself what imports verl's engine package, so its row's class does not exist yet when verl's import ends: the
-row waits, and the module's last line (:func:`complete`) registers it.
+A class module imported before verl (``from mcore_dapo.verl_plugin.engine import ...`` first) is itself what
+imports verl and its registry modules, so a class, or a subclass's base, does not exist yet when a row comes due:
+the rows wait, and the last line of every class module of the table (:func:`complete`) registers them once none
+is executing.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def hooked(cls):
 
     module, _, name = spec.partition(":")
     try:
-        hook = getattr(importlib.import_module(module), name) if module and name else None
+        hook = load(spec) if module and name else None
     except (ImportError, AttributeError):
         hook = None
     if not callable(hook):
