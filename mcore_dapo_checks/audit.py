@@ -6,12 +6,13 @@ With :func:`audit_env` in the environment of verl's workers (``MCORE_DAPO_AUDIT_
 through :class:`~mcore_dapo.verl_plugin.hf_weights.HFWeightsIO`) and each rank's batch (tokens,
 response mask, old log-probs, advantages, the routed experts the update replays under router
 replay R2/R3, and with verl's rollout correction the importance weights and the rollout's log-probs) to ``D/step-N/``, then the loss, learning rate and gradient norm verl reports, each MoE
-router's gradient norm before the optimizer step, Megatron's Adam settings, and the weights after the
+router's gradient norm before the optimizer step, Megatron's Adam settings, without replay the routes the
+engine's routers chose in the update's forward by sample (the plugin's ``RouteProbe``), and the weights after the
 update (``D/step-N/hf-after``); every checkpoint saved or loaded, what the engine holds then
 (:func:`checkpoint_state`).
 :func:`mcore_dapo_checks.audit_reference.reference` recomputes each step on the HF model loaded from those
-weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; with routes in
-the batch, its routers forced to them) and returns
+weights in one process (verl's ``vanilla`` policy loss, token-mean over the mini-batch; its routers
+forced to the batch's routes, else to the engine's) and returns
 both gradient norms: the engine's whole path (verl's micro-batching and loss scaling, Megatron's
 schedules, EP all-to-all, DDP reduction, bf16) against a plain one-process computation.
 
@@ -108,9 +109,20 @@ def audited_train_batch(engine, train_batch, data, loss_function):
         return step_fn(*args, **kwargs)
 
     optimizer.step = step_after_reading_router_grads
+    # without routes to replay, the routes the engine's routers chose in the update's forward, by sample: the
+    # reference is routed as the engine was (a token whose router scores tie within bf16 rounding may take other
+    # experts in the bf16 engine than in the fp32 reference, which moves the gradient far more than rounding does)
+    probe = getattr(engine, "_mcore_route_probe", None) if ROUTES not in batch else None
+    engine_routes = None
+    if probe is not None:
+        probe.keep(True)
     try:
         out = train_batch(data, loss_function)
+        if probe is not None:
+            engine_routes = probe.kept_routes()
     finally:
+        if probe is not None:
+            probe.keep(False)
         if own:
             optimizer.step = step_fn
         else:
@@ -122,8 +134,8 @@ def audited_train_batch(engine, train_batch, data, loss_function):
 
     torch.save({"batch": batch, "dp_rank": ps.get_data_parallel_rank(), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None, "lrs": lrs,
-                "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers},
-               folder / f"rank{rank:03d}.pt")
+                "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers,
+                "engine_routes": engine_routes}, folder / f"rank{rank:03d}.pt")
     return out
 
 

@@ -5,7 +5,9 @@ loss and gradient norm and those of the same update computed in one process on t
 loaded from the weights the engine wrote before that step. When the batch carries routed experts
 (router replay R2/R3), the reference's routers are forced to them (:class:`ForcedRoutes`): the
 same routing, with the gate weights computed from the reference's own router logits, as Megatron's
-replay does. Each MoE router's gradient norm is given beside the engine's.
+replay does. Without replay they are forced to the routes the engine's routers chose in the update's
+forward (kept by the audit): a bf16 engine and an fp32 reference routing by themselves part at every
+near-tie. Each MoE router's gradient norm is given beside the engine's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class ForcedRoutes:
 
         self.gates = moe_gates(model)
         self.routes = None
+        self.same = self.total = 0  # forced (token, layer) pairs whose experts the router would have chosen itself
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
 
     def _hook(self, layer):
@@ -41,6 +44,10 @@ class ForcedRoutes:
             if self.routes.shape[1] != len(self.gates):
                 raise ValueError(f"routes for {self.routes.shape[1]} layers, the model has {len(self.gates)} MoE layers")
             n = min(self.routes.shape[0], indices.shape[0])
+            own = torch.sort(indices[:n], dim=-1).values
+            forced = torch.sort(self.routes[:n, layer].to(indices.device, indices.dtype), dim=-1).values
+            self.same += int((own == forced).all(-1).sum())
+            self.total += n
             indices = indices.clone()
             indices[:n] = self.routes[:n, layer].to(indices.device, indices.dtype)
             probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
@@ -91,7 +98,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         for k in cols:
             cols[k] += p["batch"].get(k, [])
     routes = [r for p in shares.values() for r in p["batch"].get(ROUTES, [])] if force_routes else None
-    routes = routes or None
+    routes, routes_from = routes or None, "batch"
+    if routes is None and force_routes and any(p.get("engine_routes") for p in parts):
+        routes, routes_from = _engine_routes(folder, parts, seqs), "engine"
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
                                                  attn_implementation="eager").train()
@@ -187,7 +196,28 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm, "engine_loss": engine_loss,
             "engine_router_grad_norms": _by_layer(engine_routers), "reference_router_grad_norms": routers,
             "reference_loss": float(loss.detach()), "sequences": len(seqs), "tokens": int(mask.sum()), **checks,
-            "forced_routes": None if routes is None else [list(r.shape) for r in routes]}
+            "forced_routes": None if routes is None else [list(r.shape) for r in routes],
+            "routes_from": None if routes is None else routes_from,
+            # how many of the forced (token, layer) routes the reference's own router picks too: the rest are the
+            # tokens whose router scores tie within the engine's rounding (a route mixed up is far below 1)
+            "routes_native_agreement": forced.same / forced.total if forced.total else None}
+
+
+def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The routes the engine's routers chose in the update's forward (:mod:`mcore_dapo_checks.audit`, kept where the
+    batch has none to replay), per sequence of the batch ``[tokens, MoE layers, top_k]``: each rank wrote the
+    layers it holds for the sequences it ran."""
+    merged: dict[tuple, dict] = {}
+    for p in parts:
+        for ids, layers in (p.get("engine_routes") or {}).items():
+            merged.setdefault(ids, {}).update(layers)
+    out = []
+    for s in seqs:
+        layers = merged.get(tuple(s.tolist()))
+        if layers is None:
+            raise ValueError(f"{folder.name}: the engine kept no routes for a sequence of the batch ({s.shape[0]} tokens)")
+        out.append(torch.stack([layers[n] for n in sorted(layers)], dim=1).long())
+    return out
 
 
 # what the reference's loss needs of the run's settings where the run leaves them to verl's defaults

@@ -160,7 +160,8 @@ def replay_rows(order: TokenOrder, routes, replay: str) -> torch.Tensor:
 class RouteProbe:
     """Forward hooks on the routers: for each micro-batch whose expected routes are set, counts the
     (token, layer) pairs whose top-k set equals the expected one, from the routing map the router
-    returned. ``used`` (when ``keep``) holds each layer's top-k sets as returned, per micro-batch."""
+    returned. While :meth:`keep` is on, each micro-batch's routes as the routers returned them in its forward
+    (not in a recomputation during the backward) are kept, and :meth:`kept_routes` gives them per sample."""
 
     def __init__(self, chunks, tf):
         self.tf = tf
@@ -168,22 +169,34 @@ class RouteProbe:
         self.expected = None
         self.equal = 0
         self.total = 0
-        self.keep = False
-        self.used: list[dict] = []
+        self.kept: list[dict] | None = None  # per micro-batch forward: its TokenOrder, input ids and routing maps
+        self._live: dict | None = None
         for number, router in self.routers:
             router.register_forward_hook(self._hook(number))
 
     def expect(self, rows: torch.Tensor | None, count: torch.Tensor | None) -> None:
         """``rows``: this rank's expected routes ``[tokens_local, layers, top_k]``; ``count``: which rows count."""
         self.expected = None if rows is None else (rows, count)
-        if self.keep:
-            self.used.append({})
+
+    def keep(self, on: bool) -> None:
+        """Keep the routes of every micro-batch forward from now on (``on``), or stop and drop them."""
+        self.kept = [] if on else None
+        self._live = None
+
+    def forward_begins(self, order: TokenOrder, input_ids) -> None:
+        if self.kept is not None:
+            self._live = {"order": order, "ids": [tuple(t.tolist()) for t in input_ids.unbind()], "maps": {}}
+            self.kept.append(self._live)
+
+    def forward_ends(self) -> None:
+        self.expected = None
+        self._live = None
 
     def _hook(self, number):
         def hook(module, args, output):
             routing_map = output[1].detach()
-            if self.keep and self.used:
-                self.used[-1][number] = routing_map.cpu()
+            if self._live is not None:
+                self._live["maps"][number] = routing_map.cpu()
             if self.expected is None:
                 return
             rows, count = self.expected
@@ -198,6 +211,22 @@ class RouteProbe:
     def take(self) -> tuple[int, int]:
         out = (self.equal, self.total)
         self.equal = self.total = 0
+        return out
+
+    def kept_routes(self) -> dict[tuple, dict[int, torch.Tensor]]:
+        """The kept routes by sample (its token ids) and layer number: ``[tokens, top_k]`` expert indices, in
+        ascending order, of the layers this rank holds. Collective over the tensor-parallel group under sequence
+        parallelism (each rank routes its share of the sequence)."""
+        sp, k = bool(self.tf.sequence_parallel), int(self.tf.moe_router_topk)
+        out: dict[tuple, dict[int, torch.Tensor]] = {}
+        for entry in self.kept or ():
+            for number, routing_map in sorted(entry["maps"].items()):
+                if bool((routing_map.sum(-1) != k).any()):  # token dropping (a capacity factor) routes fewer
+                    raise RuntimeError(f"layer {number}: a token not routed to top_k={k} experts; routes are kept "
+                                       "without token dropping only")
+                rows = torch.sort(routing_map.to(torch.int8).topk(k, dim=-1).indices, dim=-1).values
+                for ids, routes in zip(entry["ids"], entry["order"].unlocal(rows.to(torch.int32), sp).unbind()):
+                    out.setdefault(ids, {})[number] = routes
         return out
 
 
@@ -269,6 +298,7 @@ def bshd_forward_step(engine, base, batch_iter, model, logits_processor_func, po
             rr.set_target_indices(rows[:, route_layer_index(tf, rows.shape[1], number)].long(), replay_mask=keep)  # novermin
     probe = getattr(engine, "_mcore_route_probe", None)
     if probe is not None:
+        probe.forward_begins(order, batch["input_ids"])
         # replaying: against the replayed routes; else against the rollout's, where kept for the metric
         expected = batch.get("routed_experts", None) if action == A.REPLAY_FORWARD else batch.get(ROLLOUT_KEY, None)
         if expected is None:
@@ -285,8 +315,8 @@ def bshd_forward_step(engine, base, batch_iter, model, logits_processor_func, po
     finally:
         engine.enable_routing_replay = replay != "disabled"
         tu.assign_non_tensor(batch, record_r2_routes=record)
-    if probe is not None:
-        probe.expected = None
+        if probe is not None:
+            probe.forward_ends()
     if record:
         missing = [n for n, rr in routers if rr.recorded_topk_idx is None]
         if not routers or missing:
