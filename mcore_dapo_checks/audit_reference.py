@@ -215,7 +215,8 @@ def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) ->
     for s in seqs:
         layers = merged.get(tuple(s.tolist()))
         if layers is None:
-            raise ValueError(f"{folder.name}: the engine kept no routes for a sequence of the batch ({s.shape[0]} tokens)")
+            raise ValueError(f"{folder.name}: the engine kept no routes for a sequence of the batch "
+                             f"({s.shape[0]} tokens)")
         out.append(torch.stack([layers[n] for n in sorted(layers)], dim=1).long())
     return out
 

@@ -255,8 +255,8 @@ def test_the_update_data_parallel_layout_is_audited(tiny_run):
 #   which multiplies what reaches them by ~20) it is the gradient itself: the fp32 model's norm 2.35 (embeddings
 #   2.04, layer 0 1.16), the bf16 model's 0.29, the engine's 0.18; and 0.31 / 0.047 / 0.076 at another. The engine
 #   (bf16) follows neither exactly: |engine - fp32| measured at most 1.15 times that difference over the 24
-#   updates (each model routing by itself then: below) -- 3. Where the difference is thousandths the other bounds are the larger: a gradient doubled is
-#   still off by far more (checked on every run, check_audit).
+#   updates (each model routing by itself then: below) -- 3. Where the difference is thousandths the other bounds are
+#   the larger: a gradient doubled is still off by far more (checked on every run, check_audit).
 LOGPROB_TOL, IS_WEIGHT_ABS, SEQUENCES_REL, BF16_SPREAD = 5e-2, 1e-5, 1e-2, 3.0
 # - the routes the reference is forced to: the rollout's where the engine replays them (R3), else those the engine's
 #   routers chose in the update's forward (the audit keeps them). Letting the fp32 reference route by itself is not a
@@ -264,10 +264,10 @@ LOGPROB_TOL, IS_WEIGHT_ABS, SEQUENCES_REL, BF16_SPREAD = 5e-2, 1e-5, 1e-2, 3.0
 #   at an update whose gradient ran through layer 0 the engine's grad norm came out 36 % off the fp32 reference's
 #   (1.27 against 0.93, the bf16 HF model at most 0.0172 from the fp32 one; colocate_async in CI, 2026-12-05). Routing
 #   is what moves such an update: at another of that kind, flipping the tokens whose k-th and next router scores are
-#   within 10 % moved the reference's own norm from 1.02 to 0.90, its embeddings' part from 0.39 to 0.02. Forced, the engine's routes are checked
-#   against the reference's own choice: the share of (token, layer) routes the fp32 router picks too, measured
-#   0.994 to 1.0 over twelve updates of three runs (the rest near-ties); routes mixed up (every expert index moved by one) share
-#   almost none. 0.95.
+#   within 10 % moved the reference's own norm from 1.02 to 0.90, its embeddings' part from 0.39 to 0.02. Forced,
+#   the engine's routes are checked against the reference's own choice: the share of (token, layer) routes the fp32
+#   router picks too, measured 0.994 to 1.0 over twelve updates of three runs (the rest near-ties); routes mixed up
+#   (every expert index moved by one) share almost none (0.0125). 0.95.
 ROUTES_AGREEMENT_MIN = 0.95
 
 
