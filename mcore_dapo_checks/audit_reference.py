@@ -44,12 +44,12 @@ class ForcedRoutes:
             if self.routes.shape[1] != len(self.gates):
                 raise ValueError(f"routes for {self.routes.shape[1]} layers, the model has {len(self.gates)} MoE layers")
             n = min(self.routes.shape[0], indices.shape[0])
-            own = torch.sort(indices[:n], dim=-1).values
-            forced = torch.sort(self.routes[:n, layer].to(indices.device, indices.dtype), dim=-1).values
-            self.same += int((own == forced).all(-1).sum())
+            forced = self.routes[:n, layer].to(indices.device, indices.dtype)
+            same = torch.sort(indices[:n], dim=-1).values == torch.sort(forced, dim=-1).values
+            self.same += int(same.all(-1).sum())
             self.total += n
             indices = indices.clone()
-            indices[:n] = self.routes[:n, layer].to(indices.device, indices.dtype)
+            indices[:n] = forced
             probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
             if module.norm_topk_prob:
                 probs = probs / probs.sum(-1, keepdim=True)

@@ -194,16 +194,18 @@ class RouteProbe:
 
     def _hook(self, number):
         def hook(module, args, output):
-            routing_map = output[1].detach()
+            if self._live is None and self.expected is None:
+                return
+            routing_map = output[1].detach().cpu()  # one host copy for both uses
             if self._live is not None:
-                self._live["maps"][number] = routing_map.cpu()
+                self._live["maps"][number] = routing_map
             if self.expected is None:
                 return
             rows, count = self.expected
             idx = route_layer_index(self.tf, rows.shape[1], number)
             want = torch.zeros(routing_map.shape, dtype=torch.bool)
             want.scatter_(1, rows[:, idx].long(), True)  # novermin: Tensor.long
-            same = (routing_map.cpu() == want).all(-1) & count
+            same = (routing_map == want).all(-1) & count
             self.equal += int(same.sum())
             self.total += int(count.sum())
         return hook
