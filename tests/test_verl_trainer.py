@@ -262,9 +262,7 @@ LOGPROB_TOL, IS_WEIGHT_ABS, SEQUENCES_REL, BF16_SPREAD = 5e-2, 1e-5, 1e-2, 3.0
 #   routers chose in the update's forward (the audit keeps them). Letting the fp32 reference route by itself is not a
 #   reference for a bf16 engine: a token whose router scores tie within the engine's rounding takes other experts, and
 #   at an update whose gradient ran through layer 0 the engine's grad norm came out 36 % off the fp32 reference's
-#   (1.27 against 0.93, the bf16 HF model at most 0.0172 from the fp32 one; colocate_async in CI, 2026-12-05). Routing
-#   is what moves such an update: at another of that kind, flipping the tokens whose k-th and next router scores are
-#   within 10 % moved the reference's own norm from 1.02 to 0.90, its embeddings' part from 0.39 to 0.02. Forced,
+#   (1.27 against 0.93, the bf16 HF model at most 0.0172 from the fp32 one; colocate_async in CI, 2026-12-05). Forced,
 #   the engine's routes are checked against the reference's own choice: the share of (token, layer) routes the fp32
 #   router picks too, measured 0.994 to 1.0 over twelve updates of three runs (the rest near-ties); routes mixed up
 #   (every expert index moved by one) share almost none (0.0125). 0.95.
