@@ -27,7 +27,8 @@ def _plan(a) -> int:
     w = Workload(
         get_device(a.device), nodes=a.nodes, devices_per_node=a.devices_per_node, max_prompt=a.max_prompt,
         max_response=a.max_response, micro_batch_tokens=a.micro_batch_tokens, prompts=a.prompts,
-        responses_per_prompt=a.responses_per_prompt, mean_tokens=a.mean_tokens, recompute=a.recompute,
+        responses_per_prompt=a.responses_per_prompt, gen_prompts=a.gen_prompts, mean_tokens=a.mean_tokens,
+        recompute=a.recompute,
         offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
     )
     from mcore_dapo.plan.modes import GUIDE, phases_from_log
@@ -36,8 +37,20 @@ def _plan(a) -> int:
     ranked = plan(cfg, w, progress=None if a.json else _progress)
     shown = ranked if a.all else without_dominated_cp(ranked)
     modes = _modes(cfg, w, ranked, phases)
+    from mcore_dapo.plan import generation as gen
+
+    lengths = gen.lengths_of(w, phases)
+    rollouts = gen.rank(cfg, w, lengths)
     if a.json:
         out = as_json(cfg, w, ranked, shown, a.top)
+        top = rollouts[0] if rollouts and rollouts[0].fits else None
+        out["rollout"] = {**(top.layout.keys() if top else dict.fromkeys(("gen_tp", "gen_dp", "gen_ep",
+                                                                           "enforce_eager"))),
+                          "generation_s": round(top.total_s, 2) if top else None,
+                          "script_vars": top.layout.script_vars() if top else None,
+                          "overrides": top.layout.overrides() if top else [],
+                          "lengths": lengths.as_dict(), "constants": gen.constants(),
+                          "candidates": [g.as_dict() for g in rollouts[:a.top]]}
         if modes is not None:
             out["modes"] = {m.mode: m.as_dict() for m in modes[1]}
             out["modes_phases"] = modes[0].as_dict()
@@ -49,6 +62,8 @@ def _plan(a) -> int:
         print(json.dumps(out, indent=1))
     else:
         print(render(cfg, w, ranked, shown, a.top))
+        print()
+        print("\n".join(gen.render(rollouts, lengths, w, min(a.top, 5))))
         if modes is not None:
             from mcore_dapo.plan.modes import render as render_modes
 
@@ -146,6 +161,8 @@ def add_commands(sub) -> None:
     p.add_argument("--micro-batch-tokens", type=int, default=16384, help="verl's ppo_max_token_len_per_gpu")
     p.add_argument("--prompts", type=int, default=32, help="data.train_batch_size")
     p.add_argument("--responses-per-prompt", type=int, default=16, help="actor_rollout_ref.rollout.n")
+    p.add_argument("--gen-prompts", type=int, default=96,
+                   help="prompts generated per step, data.gen_batch_size (the guide's 3 x train_batch_size)")
     p.add_argument("--mean-tokens", type=int, default=None, help="mean sample length (default: the maxima)")
     p.add_argument("--recompute", default="full", help="full, selective or none")
     p.add_argument("--offload", default="none", help="none, optimizer or param+optimizer")

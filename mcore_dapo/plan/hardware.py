@@ -26,6 +26,7 @@ class DeviceSpec:
     intra_link: str
     inter_link: str
     source: str
+    hbm_tbps: float = 0.0  # peak memory bandwidth, TB/s (10^12 bytes/s), as published
 
     @property
     def intra_bytes_per_s(self) -> float:
@@ -35,6 +36,10 @@ class DeviceSpec:
     @property
     def inter_bytes_per_s(self) -> float:
         return self.inter_gbps * 1e9
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        return self.hbm_tbps * 1e12
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,27 +52,32 @@ DEVICES: dict[str, DeviceSpec] = {
             name="h100", bf16_tflops=989.0, hbm_gib=79.6, intra_gbps=900.0, intra_bidirectional=True,
             inter_gbps=50.0, intra_link="NVLink 4 (900 GB/s)", inter_link="8x InfiniBand NDR 400 Gb/s per node",
             source="NVIDIA H100 SXM5 datasheet: 989 TFLOPS BF16 dense (1,979 with sparsity), 80 GB HBM3 "
-                   "(81,559 MiB reported), NVLink 900 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s",
+                   "(81,559 MiB reported), 3.35 TB/s HBM bandwidth, NVLink 900 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s",
+            hbm_tbps=3.35,
         ),
         DeviceSpec(
             name="h200", bf16_tflops=989.0, hbm_gib=140.4, intra_gbps=900.0, intra_bidirectional=True,
             inter_gbps=50.0, intra_link="NVLink 4 (900 GB/s)", inter_link="8x InfiniBand NDR 400 Gb/s per node",
             source="NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 141 GB HBM3e (143,771 MiB reported), "
-                   "NVLink 900 GB/s; DGX H200: 8x ConnectX-7 400 Gb/s",
+                   "4.8 TB/s HBM bandwidth, NVLink 900 GB/s; DGX H200: 8x ConnectX-7 400 Gb/s",
+            hbm_tbps=4.8,
         ),
         DeviceSpec(
             name="a100", bf16_tflops=312.0, hbm_gib=80.0, intra_gbps=600.0, intra_bidirectional=True,
             inter_gbps=25.0, intra_link="NVLink 3 (600 GB/s)", inter_link="8x InfiniBand HDR 200 Gb/s per node",
-            source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS BF16 dense, 80 GB HBM2e, NVLink 600 GB/s; "
-                   "DGX A100: 8x ConnectX-6 200 Gb/s",
+            source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOPS BF16 dense, 80 GB HBM2e at 2,039 GB/s, NVLink "
+                   "600 GB/s; DGX A100: 8x ConnectX-6 200 Gb/s",
+            hbm_tbps=2.039,
         ),
         DeviceSpec(
             name="a2", bf16_tflops=313.0, hbm_gib=64.0, intra_gbps=392.0, intra_bidirectional=True,
             inter_gbps=25.0, intra_link="HCCS full mesh (7x 56 GB/s)", inter_link="8x 200GE RoCE per node",
             source="Ascend 910B in an Atlas 800T A2 node. Assumption: Huawei publishes no per-SKU datasheet; "
                    "~313 TFLOPS FP16 is the figure commonly cited for the 910B training parts and BF16 is "
-                   "taken equal; 64 GB HBM2e; 8 NPUs in a HCCS full mesh (7 links of 56 GB/s); 8x 200GE RoCE "
+                   "taken equal; 64 GB HBM2e at the commonly cited 1.6 TB/s (four stacks; the 910C, two 910B dies, is "
+                   "quoted at 3.2 TB/s); 8 NPUs in a HCCS full mesh (7 links of 56 GB/s); 8x 200GE RoCE "
                    "ports per node",
+            hbm_tbps=1.6,
         ),
     )
 }

@@ -3,23 +3,25 @@ phase times of one measured synchronous step. A model, stated here and in docs/P
 times are measured.
 
 From the measured step (``N_ref`` devices): ``G`` generation (``timing_s/gen``), of which ``D`` is decoding
-(``timing_s/generate_sequences`` where logged, else all of ``G``; the rest is waking the rollout and loading its
-weights), ``L`` old log-probs, ``U`` the update, ``O`` everything else in ``timing_s/step`` (reward, advantages,
-untimed work; ``W`` of it the colocated rollout's weight update where timed apart, ``timing_s/update_weights``),
-and ``tail = response_length/mean / response_length/max``. On ``N`` devices the device-bound
-phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept.
+(``timing_s/generate_sequences`` where logged, else all of ``G``; the rest, ``G - D``, is waking the rollout and
+loading its weights), ``L`` old log-probs, ``U`` the update, ``O`` everything else in ``timing_s/step`` (reward,
+advantages, untimed work; ``W`` of it the colocated rollout's weight update where timed apart,
+``timing_s/update_weights``), and ``tail = response_length/mean / response_length/max``. On ``N`` devices the
+training phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept. Decoding is not taken from the log:
+``M(X)`` is the modelled synchronous generation of the best fitting rollout layout on ``X`` devices
+(:mod:`mcore_dapo.plan.generation`, the measured step's lengths; the log's ``D s`` only when no rollout layout fits).
 
-* ``sync``: ``(G - D) + D s + (L + U) s + O``: the measured step when ``N = N_ref``.
+* ``sync``: ``(G - D) + M(N) + (L + U) s + O``.
 * ``colocate_async``: generation and training still take turns on the same devices (verl puts the rollout to
   sleep for the update, ``trainer_colocate_async.py``), so nothing runs at the same time. What it gains is the
   long tail: a synchronous batch decodes until its longest response ends, with the engine emptying as the
   shorter ones finish; with one batch generated ahead and unfinished responses carried over (partial rollout),
   the engine stays full, so decoding costs the batch's mean length instead of its longest:
-  ``(G - D) + D s tail + (L + U) s + O``. Decoding time per step is taken as independent of how many sequences
-  are in flight (memory-bound decoding), which makes this an upper bound on the gain.
+  ``(G - D) + M(N) tail + (L + U) s + O``. Decoding time per step is taken as independent of how many sequences
+  are in flight, which makes this an upper bound on the gain.
 * ``separate_async``: ``T`` training and ``R = N - T`` rollout devices work at the same time (verl 0.9.1,
   ``hybrid_engine=False``); the slower side sets the pace, then the weights travel:
-  ``max(D tail N_ref / R, (L + U) s t(T) / t(N) + O - W) + sync``, where ``t(X)`` is the planner's step time of
+  ``max(M(R) tail, (L + U) s t(T) / t(N) + O - W) + sync``, where ``t(X)`` is the planner's step time of
   the best layout that fits on ``X`` devices (no rollout memory on the training devices) and divides the
   batch, and ``sync`` is the checkpoint engine's published time for this model (:data:`SYNC_S`). Every whole
   number of training nodes is tried; the fastest split is kept.
@@ -65,6 +67,8 @@ class Phases:
     max_response: float
     source: str
     weights_s: float = 0.0  # timing_s/update_weights (v1: the colocated rollout's weight update, timed apart)
+    prompt_mean: float = 0.0  # prompt_length/mean
+    clip_ratio: float = 0.0  # response_length/clip_ratio: the share of responses cut at the longest
 
     @property
     def other_s(self) -> float:
@@ -85,7 +89,7 @@ class Phases:
 # same numbers from the log itself).
 GUIDE = Phases(gen_s=161.7286260649562, decode_s=142.09425354003906, old_log_prob_s=16.38148122187704,
                update_s=130.07783674728125, step_s=310.60584014933556, tokens=2503440.0, devices=32,
-               mean_response=4725.28125, max_response=6144.0,
+               mean_response=4725.28125, max_response=6144.0, prompt_mean=164.25, clip_ratio=0.310546875,
                source="the guide's step 9 (32 x Ascend A2, FSDP, verl's synchronous trainer)")
 
 
@@ -122,6 +126,7 @@ def phases_from_log(path: str | Path) -> Phases:
                   old_log_prob_s=med("timing_s/old_log_prob"), update_s=med("timing_s/update_actor"),
                   step_s=med("timing_s/step"), tokens=med("perf/total_num_tokens"), devices=devices,
                   mean_response=resp_mean, max_response=resp_max, weights_s=med("timing_s/update_weights", 0.0),
+                  prompt_mean=med("prompt_length/mean", 0.0), clip_ratio=med("response_length/clip_ratio", 0.0),
                   source=f"{path}: median of {len(steps)} step(s)")
 
 
@@ -151,6 +156,15 @@ def best_time(cfg: HFModelConfig, w: Workload) -> tuple[float, str] | None:
     return None
 
 
+def modelled_generation(cfg: HFModelConfig, w: Workload, p: Phases) -> tuple[float, str] | None:
+    """(seconds, layout) of the fastest fitting rollout layout's synchronous generation on ``w``'s devices with
+    ``p``'s lengths (:mod:`mcore_dapo.plan.generation`); None when none fits."""
+    from mcore_dapo.plan.generation import best, lengths_of
+
+    g = best(cfg, w, lengths_of(w, p))
+    return (g.total_s, g.layout.script_vars()) if g else None
+
+
 def separate_split(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> dict | None:
     """The fastest whole-node split of ``w``'s devices into training and rollout (None when no training layout
     fits on fewer nodes than all)."""
@@ -164,13 +178,15 @@ def separate_split(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> 
             continue
         t_k, layout = got
         rollout_devices = (w.nodes - k) * w.devices_per_node
-        gen = p.decode_s * p.tail * p.devices / rollout_devices
+        modelled = modelled_generation(cfg, replace(w, nodes=w.nodes - k), p)
+        gen = (modelled[0] if modelled else p.decode_s * p.devices / rollout_devices) * p.tail
         # no rollout on the training devices: the colocated weight update is replaced by the transport's sync
         train = (p.old_log_prob_s + p.update_s) * s * t_k / t_all + p.other_s - p.weights_s
         step = max(gen, train) + sync
         if best is None or step < best["step_s"]:
             best = {"step_s": step, "trainer_nodes": k, "rollout_nodes": w.nodes - k,
                     "rollout_devices": rollout_devices, "trainer_layout": layout, "gen_s": round(gen, 2),
+                    "rollout_layout": modelled[1] if modelled else None,
                     "train_s": round(train, 2), "sync_s": sync}
     return best
 
@@ -181,10 +197,13 @@ def project(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> list[Mo
     s = p.devices / w.world_size
     wake = p.gen_s - p.decode_s
     train = (p.old_log_prob_s + p.update_s) * s + p.other_s
+    modelled = modelled_generation(cfg, w, p)
+    decode = modelled[0] if modelled else p.decode_s * s  # the log's, scaled, when no rollout layout fits
+    extra = {"decode_s": round(decode, 2), "rollout_layout": modelled[1] if modelled else None}
     steps = {
-        "sync": (wake + p.decode_s * s + train, {"gen_s": round(wake + p.decode_s * s, 2), "train_s": round(train, 2)}),
-        "colocate_async": (wake + p.decode_s * s * p.tail + train,
-                           {"gen_s": round(wake + p.decode_s * s * p.tail, 2), "train_s": round(train, 2)}),
+        "sync": (wake + decode + train, {"gen_s": round(wake + decode, 2), "train_s": round(train, 2), **extra}),
+        "colocate_async": (wake + decode * p.tail + train,
+                           {"gen_s": round(wake + decode * p.tail, 2), "train_s": round(train, 2), **extra}),
     }
     split = separate_split(cfg, w, p, t_all)
     if split is not None:
@@ -198,9 +217,14 @@ def project(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> list[Mo
 
 
 def render(projections: list[ModeProjection], p: Phases) -> list[str]:
+    sync = next((m.detail for m in projections if m.mode == "sync"), {})
+    dec, lay = sync.get("decode_s"), sync.get("rollout_layout")
+    modelled = (f"; generation modelled: {dec:.1f} s with {lay} (plan/generation.py) in place of the logged "
+                f"decoding" if lay else "; no rollout layout fits: the logged decoding, scaled")
     lines = [f"trainer modes (a model from measured phases: {p.source}; gen {p.gen_s:.1f} s of which decoding "
              f"{p.decode_s:.1f} s, old log-probs {p.old_log_prob_s:.1f} s, update {p.update_s:.1f} s, other "
-             f"{p.other_s:.1f} s, step {p.step_s:.1f} s on {p.devices} devices; mean/longest response {p.tail:.2f}):",
+             f"{p.other_s:.1f} s, step {p.step_s:.1f} s on {p.devices} devices; mean/longest response {p.tail:.2f}"
+             f"{modelled}):",
              f"  {'mode':16s} {'step s':>8s} {'tok/s/dev':>10s} {'vs sync':>8s} {'verl published':>15s}  detail"]
     for m in projections:
         d = m.detail

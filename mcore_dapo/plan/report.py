@@ -12,7 +12,7 @@ from mcore_dapo.plan.workload import Workload
 ASSUMPTIONS = (
     f"compute at {{eff:.0%}} of peak; communication not overlapped, links at {LINK_EFFICIENCY:.0%}; "
     f"routed tokens x{MOE_IMBALANCE} for imbalance; logits {LOGIT_BYTES} B/token/vocab; "
-    f"{OVERHEAD_GIB:g} GiB runtime overhead; generation time not modelled"
+    f"{OVERHEAD_GIB:g} GiB runtime overhead; generation modelled apart (plan/generation.py)"
 )
 
 

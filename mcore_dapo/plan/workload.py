@@ -22,6 +22,7 @@ class Workload:
     micro_batch_tokens: int = 16384  # verl's ppo_max_token_len_per_gpu (dynamic batch size)
     prompts: int = 32  # data.train_batch_size
     responses_per_prompt: int = 16  # actor_rollout_ref.rollout.n
+    gen_prompts: int = 96  # prompts generated per step (data.gen_batch_size; the guide's 3 x train_batch_size)
     mean_tokens: int | None = None  # mean prompt+response tokens per sample; None = the maxima (worst case)
     recompute: str = "full"
     offload: str = "none"
@@ -41,7 +42,7 @@ class Workload:
         if not 0.0 < self.efficiency <= 1.0:
             raise UserError(f"efficiency={self.efficiency} is not accepted: a fraction in (0, 1] is")
         for name in ("nodes", "devices_per_node", "max_prompt", "max_response", "micro_batch_tokens",
-                     "prompts", "responses_per_prompt"):
+                     "prompts", "responses_per_prompt", "gen_prompts"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise UserError(f"{name}={v!r} is not accepted: a positive integer is")
