@@ -45,8 +45,11 @@ LOSS_MASK = "loss_mask"
 
 
 def audit_env(root) -> dict:
-    """The environment that makes verl's workers audit every update into ``root``."""
-    return {ENV: str(root), HOOK_ENV: f"{__name__}:audited"}
+    """The environment that makes verl's workers audit every update into ``root``, and vLLM's workers record what
+    each weight sync left in the engine (:mod:`mcore_dapo_checks.rollout_storage`)."""
+    from mcore_dapo_checks.rollout_storage import rollout_env
+
+    return {ENV: str(root), HOOK_ENV: f"{__name__}:audited", **rollout_env()}
 
 
 def audited(cls):

@@ -113,6 +113,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
         raise UserError(f"the vLLM engine's GPU (uuid {theirs}) is not rank 0's (uuid {mine}): verl's IPC weight "
                         "transfer needs one device; Ray gives the engine the first visible GPU, rank 0 must use it")
     check_before_writing(exporter, VllmTarget(cfg) if info.rank == 0 else None)
+    rss_before = ray.get(host.peak_rss_mb.remote()) if info.rank == 0 else None
     sent: dict[str, torch.Tensor] = {}
     times = []
     for i in range(a.repeat):
@@ -137,6 +138,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
     mem = memcpy_gbps(max(b.numel for b in plan.buckets), plan.buckets[0].dtype, exporter.device)
     r = None
     if info.rank == 0:
+        rss_after = ray.get(host.peak_rss_mb.remote())
         _status(a, "comparing the engine's parameters with the export")
         engine_names = set(ray.get(host.param_names.remote()))
         want = vllm_layout(sent, cfg, engine_names)
@@ -158,6 +160,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
             "seconds": round(best, 4), "seconds_all": [round(x, 4) for x in times],
             "gbps": round(nbytes / best / 1e9, 3),
             "memcpy_gbps": round(mem, 3), "of_memcpy": round(nbytes / best / 1e9 / mem, 4),
+            "engine_peak_rss_mb_before": round(rss_before), "engine_peak_rss_mb_after": round(rss_after),
             "engine_params": len(engine_names), "missing": missing[:3], "extra": extra[:3], "differ": len(differ),
             "first_differ": differ[0] if differ else None, "exact": not (missing or extra or differ),
             "logprob_max_diff": max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h)),
@@ -172,6 +175,8 @@ def render(r: dict) -> str:
         ("tensors / bytes", f"{r['tensors']} / {r['bytes'] / 1e9:.3f} GB"),
         ("sync into vLLM", f"{r['seconds']} s ({r['gbps']} GB/s); all runs {r['seconds_all']}"),
         ("limit: memcpy", f"{r['memcpy_gbps']} GB/s (the sync reaches {r['of_memcpy']:.1%} of it)"),
+        ("engine peak RSS", f"{r['engine_peak_rss_mb_before']} MB before the syncs, {r['engine_peak_rss_mb_after']} MB "
+                            "after"),
         ("engine params == export", "yes" if r["exact"] else
          f"NO ({r['differ']} differ, first {r['first_differ']}; missing {r['missing']}; extra {r['extra']})"),
         ("vLLM vs HF log-probs", f"max |diff| {r['logprob_max_diff']:.3g}"),

@@ -164,6 +164,12 @@ class VllmEngineHost:
     def differ(self, tensors: dict) -> list[str]:
         return self.llm.collective_rpc("mcore_differ", args=(tensors,))[0]
 
+    def peak_rss_mb(self) -> float:
+        """This actor's peak resident memory so far (the engine runs in it: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
     def prompt_logprobs(self, tokens: list[list[int]]) -> list[list[float]]:
         """log p(token_i | tokens_<i) for i >= 1, per sequence."""
         from vllm import SamplingParams

