@@ -14,7 +14,9 @@
 #        halves the weights and optimizer state per NPU, which is what makes 32 NPUs of 64 GiB fit.
 #   ETP1: experts are not tensor-split (768-wide expert ffn; ETP>1 only adds communication).
 #   DP = 32 / (TP1 * PP2) = 16; expert DP = 32 / (EP8 * PP2) = 2.
-#   Rollout TP2 as in the guide: 2 of the 4 KV groups per NPU, 16 vLLM replicas.
+#   Rollout TP2 DP1 EP1 as in the guide (GEN_TP, GEN_DP, GEN_EP): 2 of the 4 KV groups per NPU, 16 vLLM
+#   replicas; in ACL graph mode (ENFORCE_EAGER=False, CUDAGRAPH_MODE=PIECEWISE; the guide ran eager, which
+#   ENFORCE_EAGER=True restores) with Ascend's NZ weight format off (docs/ASCEND.md, "Rollout graph mode").
 # Trainer mode, from the same `mcore-dapo plan` (its "trainer modes" lines, projected from the guide's logged
 # step; docs/PLANNER.md):
 #   colocate_async  277.8 s/step  281.6 tok/s/dev  +11.8%  (verl publishes +56.4% at a longer response tail)
@@ -33,9 +35,10 @@ MODEL_PATH=${MODEL_PATH:-/data/weights_hf/Qwen3-30B-A3B}
 CKPTS_DIR=${CKPTS_DIR:-/data/ckpt/Qwen3-30B-A3B}
 TRAIN_FILE=${TRAIN_FILE:-/data/datasets/dapo-math-17k.parquet}
 TEST_FILE=${TEST_FILE:-/data/datasets/aime-2024.parquet}
-GEN_TP=2
+GEN_TP=${GEN_TP:-2}  # GEN_DP, GEN_EP: common.sh's defaults (1) unless set
 INFER_MAX_TOKENS=$((1024 * 16))
-ENFORCE_EAGER=True
+ENFORCE_EAGER=${ENFORCE_EAGER:-False}
+CUDAGRAPH_MODE=${CUDAGRAPH_MODE:-PIECEWISE}  # what vllm-ascend runs of verl's default (docs/ASCEND.md)
 LOGGER='["console"]'  # the guide's trainer.logger for this device
 
 ASYNC=${ASYNC:-colocate}
@@ -67,6 +70,9 @@ LAYOUT+=(
 export RAY_DEDUP_LOGS=0 HYDRA_FULL_ERROR=1 TASK_QUEUE_ENABLE=1 CPU_AFFINITY_CONF=1 VLLM_USE_V1=1
 export HCCL_OP_EXPANSION_MODE="AIV" VLLM_ASCEND_ENABLE_FLASHCOMM=1 HCCL_ASYNC_ERROR_HANDLING=0
 export HCCL_EXEC_TIMEOUT=3600 HCCL_CONNECT_TIMEOUT=3600
+# the rollout's weights stay in ND format: vLLM reloads them every step (docs/ASCEND.md, "Rollout graph mode");
+# TASK_QUEUE_ENABLE=1 above is the guide's value for graph mode
+export VLLM_ASCEND_ENABLE_NZ=${VLLM_ASCEND_ENABLE_NZ:-0}
 
 source "${HERE}/dapo/common.sh"
 run_dapo "$@"

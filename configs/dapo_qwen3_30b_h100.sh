@@ -11,7 +11,8 @@
 #   PP1: no pipeline bubble; the weights fit without it on 80 GiB.
 #   ETP1: experts whole on their GPU (the layout NeMo-RL and verl users report for this model).
 #   DP = 32 / TP2 = 16; expert DP = 32 / EP8 = 4.
-#   Rollout TP2 as in the guide.
+#   Rollout TP2 DP1 EP1 as in the guide (GEN_TP, GEN_DP, GEN_EP), with CUDA graphs (ENFORCE_EAGER=False, the
+#   guide's) captured for the batch one replica sees (docs/VERL_PLUGIN.md, "Rollout layout and graph mode").
 # Trainer mode, from the same `mcore-dapo plan` (its "trainer modes" lines, projected from the guide's logged
 # step; docs/PLANNER.md):
 #   colocate_async  277.8 s/step  281.6 tok/s/dev  +11.8%  (verl publishes +56.4% at a longer response tail)
@@ -29,9 +30,9 @@ MODEL_PATH=${MODEL_PATH:-/data/weights_hf/Qwen3-30B-A3B}
 CKPTS_DIR=${CKPTS_DIR:-/data/ckpt/Qwen3-30B-A3B}
 TRAIN_FILE=${TRAIN_FILE:-/data/datasets/dapo-math-17k.parquet}
 TEST_FILE=${TEST_FILE:-/data/datasets/aime-2024.parquet}
-GEN_TP=2
+GEN_TP=${GEN_TP:-2}  # GEN_DP, GEN_EP: common.sh's defaults (1) unless set
 INFER_MAX_TOKENS=$((1024 * 32))
-ENFORCE_EAGER=False
+ENFORCE_EAGER=${ENFORCE_EAGER:-False}
 LOGGER='["tensorboard", "console"]'  # the guide's trainer.logger for this device
 
 ASYNC=${ASYNC:-colocate}

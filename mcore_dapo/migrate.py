@@ -69,7 +69,8 @@ class Rule:
 # verl 0.6.x (the guide's FSDP script) -> verl 0.9.1 on Megatron. Read in verl 0.9.1:
 # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (what composes), verl/workers/config/engine.py
 # (McoreEngineConfig), verl/experimental/reward_loop/reward_loop.py (the legacy reward_model.reward_manager),
-# verl/trainer/ppo/v1/trainer_base.py (data.gen_batch_size and max_num_gen_batches under filter groups).
+# verl/trainer/ppo/v1/trainer_base.py (data.gen_batch_size and max_num_gen_batches under filter groups),
+# verl/workers/config/rollout.py (RolloutConfig: data_parallel_size, expert_parallel_size).
 RULES: tuple[Rule, ...] = (
     Rule("actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.megatron.param_offload",
          "Megatron's parameter offload"),
@@ -92,9 +93,13 @@ RULES: tuple[Rule, ...] = (
     Rule("reward_model.overlong_buffer.*", "reward.reward_kwargs.overlong_buffer_cfg.*",
          "verl 0.9.1's DAPO reward manager takes its overlong buffer as a reward_kwargs entry, beside "
          "max_resp_len (data.max_response_length, added)", add=True),
-    Rule("actor_rollout_ref.rollout.dp_model_parallel_size", None, "not in verl 0.9.1's rollout config"),
-    Rule("actor_rollout_ref.rollout.rollout_world_size", None, "not in verl 0.9.1's rollout config"),
-    Rule("actor_rollout_ref.rollout.enable_expert_parallel", None, "not in verl 0.9.1's rollout config"),
+    Rule("actor_rollout_ref.rollout.dp_model_parallel_size", "actor_rollout_ref.rollout.data_parallel_size",
+         "verl 0.9.1's rollout data parallelism (vLLM's data_parallel_size a replica)"),
+    Rule("actor_rollout_ref.rollout.rollout_world_size", None,
+         "verl 0.9.1 makes (rollout devices) / (TP x DP) replicas itself (verl/workers/rollout/llm_server.py)"),
+    Rule("actor_rollout_ref.rollout.enable_expert_parallel", "actor_rollout_ref.rollout.expert_parallel_size",
+         "True -> TP x DP, False -> 1: verl 0.9.1 asserts expert_parallel_size is 1 or TP x DP and starts vLLM with "
+         "enable_expert_parallel above 1 (verl/workers/config/rollout.py, vllm_async_server.py)"),
     Rule("data.gen_batch_size", "algorithm.filter_groups.max_inflight_gen_batches",
          "with filter groups, verl 0.9.1's v1 trainer sets gen_batch_size to 1 and bounds the prompts in flight "
          "by max_inflight_gen_batches x train_batch_size (gen_batch_size / train_batch_size, rounded up)",
@@ -439,6 +444,8 @@ def rewrite(overrides: list[str]) -> tuple[list[Line], list[str]]:
         new = rule.target(key)
         if new is None:
             lines.append(Line(None, f"dropped {key}={value}: {rule.why}", "dropped"))
+        elif key == EP_KEY:
+            lines.append(Line(f"{new}={_rollout_ep(overrides, value)}", f"was {key}={value}: {rule.why}", "renamed"))
         elif key == "data.gen_batch_size":
             if not _truthy(value_of(overrides, "algorithm.filter_groups.enable")):
                 lines.append(Line(None, f"dropped {key}={value}: filter groups are off, verl 0.9.1's v1 trainer "
@@ -461,6 +468,35 @@ def rewrite(overrides: list[str]) -> tuple[list[Line], list[str]]:
             lines.append(Line(f"+reward.reward_kwargs.max_resp_len={resp}", "the DAPO reward manager's overlong "
                               "penalty needs the response limit (data.max_response_length) in verl 0.9.1", "renamed"))
     return lines, unruled
+
+
+EP_KEY = "actor_rollout_ref.rollout.enable_expert_parallel"
+ROLLOUT_TP_DEFAULT = 2  # verl 0.9.1's rollout.yaml tensor_model_parallel_size
+
+
+def _rollout_ep(overrides: list[str], value: str) -> int:
+    """verl 0.9.1's ``rollout.expert_parallel_size`` for the guide's ``enable_expert_parallel``: TP x DP on, 1 off."""
+    flag = str(value).strip("'\"").lower()
+    if flag not in ("true", "false"):
+        raise UserError(f"{EP_KEY}={value} is not accepted: accepted are True and False")
+    if flag == "false":
+        return 1
+    sizes = []
+    for key, default in (("actor_rollout_ref.rollout.tensor_model_parallel_size", ROLLOUT_TP_DEFAULT),
+                         ("actor_rollout_ref.rollout.dp_model_parallel_size", None),
+                         ("actor_rollout_ref.rollout.data_parallel_size", 1)):
+        v = value_of(overrides, key)
+        if v is None:
+            if default is not None:
+                sizes.append(default)
+            continue
+        try:
+            sizes.append(int(v))
+        except ValueError:
+            raise UserError(f"{key}={v} is not accepted with {EP_KEY}=True: accepted is an integer") from None
+        if key.endswith("dp_model_parallel_size"):
+            break  # the guide's DP key; verl's own (data_parallel_size) only when it is absent
+    return math.prod(sizes)
 
 
 def verl_megatron_config() -> dict:

@@ -24,7 +24,8 @@ BIN = Path(sys.executable).parent
 
 # where the migrated guide may differ from the launch script: the guide's own choices, read in the guide
 DROPOUT = {f"actor_rollout_ref.model.override_config.{k}" for k in ("attention_dropout", "embd_pdrop", "resid_pdrop")}
-DIFFERS = {"a2": DROPOUT | {"trainer.experiment_name"},
+# the guide's A2 rollout ran eager; the launch script runs vllm-ascend's graph mode (docs/ASCEND.md)
+DIFFERS = {"a2": DROPOUT | {"trainer.experiment_name", "actor_rollout_ref.rollout.enforce_eager"},
            "h100": DROPOUT | {"trainer.experiment_name", "trainer.project_name"}}
 GUIDE_PATHS = {
     "a2": {"actor_rollout_ref.model.path": "/root/work/filestorage/weights_hf/Qwen3-30B-A3B",
@@ -91,8 +92,13 @@ def test_the_guides_script_migrates_to_the_launch_scripts_config(device, tmp_pat
     # the launch script's paths are its defaults (/data/...); the migrated script keeps the guide's
     assert differ == DIFFERS[device] | GUIDE_PATHS[device].keys(), sorted(differ)
     assert {k: a[k] for k in GUIDE_PATHS[device]} == GUIDE_PATHS[device]
-    # the same JSON line of sizes (layout, device, trainer mode) from both dry runs
-    assert got.stdout.splitlines()[-1] == want.stdout.splitlines()[-1]
+    # the same JSON line of sizes (layout, rollout layout, device, trainer mode) from both dry runs; on A2 the
+    # rollout's graph mode is the one difference (the guide's eager kept)
+    mine, theirs = (__import__("json").loads(r.stdout.splitlines()[-1]) for r in (got, want))
+    if device == "a2":
+        assert (mine.pop("rollout_graph"), theirs.pop("rollout_graph")) == ("eager", "PIECEWISE")
+    assert mine == theirs
+    assert (mine["rollout_tp"], mine["rollout_dp"], mine["rollout_ep"]) == (2, 1, 1)
     text = out.read_text()
     assert "# dropped actor_rollout_ref.actor.ulysses_sequence_parallel_size=1: FSDP only" in text
     assert "python3 -m mcore_dapo.verl_plugin.main_dapo \"${ARGS[@]}\" \"$@\"" in text
@@ -107,9 +113,9 @@ GUIDE_REFUSED = {  # the guide's keys that verl 0.9.1 does not compose on the Me
     "actor_rollout_ref.actor.grad_clip": "-> actor_rollout_ref.actor.optim.clip_grad",
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "dropped: FSDP only",
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "dropped: FSDP only",
-    "actor_rollout_ref.rollout.dp_model_parallel_size": "dropped: not in verl 0.9.1's rollout config",
-    "actor_rollout_ref.rollout.rollout_world_size": "dropped: not in verl 0.9.1's rollout config",
-    "actor_rollout_ref.rollout.enable_expert_parallel": "dropped: not in verl 0.9.1's rollout config",
+    "actor_rollout_ref.rollout.dp_model_parallel_size": "-> actor_rollout_ref.rollout.data_parallel_size",
+    "actor_rollout_ref.rollout.rollout_world_size": "dropped: verl 0.9.1 makes (rollout devices) / (TP x DP) replicas",
+    "actor_rollout_ref.rollout.enable_expert_parallel": "-> actor_rollout_ref.rollout.expert_parallel_size",
     "reward_model.overlong_buffer.enable": "-> +reward.reward_kwargs.overlong_buffer_cfg.enable",
     "reward_model.overlong_buffer.len": "-> +reward.reward_kwargs.overlong_buffer_cfg.len",
     "reward_model.overlong_buffer.penalty_factor": "-> +reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
@@ -137,6 +143,47 @@ def test_the_guides_fsdp_keys_under_megatron_are_one_line_naming_all(tmp_path):
     rest = [o for o in overrides if o.lstrip("+").partition("=")[0] not in GUIDE_REFUSED]
     r = subprocess.run([*cmd, *rest], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+@pytest.mark.parametrize("edit, want", [
+    ({}, {"data_parallel_size": "1", "expert_parallel_size": "1"}),  # the guide's: gen_dp=1, EP off
+    ({"gen_dp=1": "gen_dp=2", "enable_expert_parallel=False": "enable_expert_parallel=True"},
+     {"data_parallel_size": "2", "expert_parallel_size": "4"}),  # TP2 x DP2
+    ({"enable_expert_parallel=False": "enable_expert_parallel=True"},
+     {"data_parallel_size": "1", "expert_parallel_size": "2"}),
+])
+def test_the_guides_rollout_layout_becomes_verls_keys(edit, want, tmp_path):
+    """The guide's A2 rollout keys (``+dp_model_parallel_size=${gen_dp}``, ``+enable_expert_parallel=False``)
+    become verl 0.9.1's ``data_parallel_size`` and ``expert_parallel_size`` (TP x DP when on, else 1: what verl's
+    RolloutConfig accepts); ``rollout_world_size`` is dropped with its reason."""
+    from mcore_dapo.migrate import read_launch, rewrite, value_of
+
+    script = guide_script("a2", tmp_path / "guide.sh")
+    text = script.read_text()
+    for a, b in edit.items():
+        assert a in text, a
+        text = text.replace(a, b)
+    script.write_text(text)
+    lines, _ = rewrite(read_launch(script, env={}).overrides)
+    new = [x.override for x in lines if x.override]
+    assert {k: value_of(new, f"{ROLLOUT}.{k}") for k in want} == want
+    assert not [o for o in new if "dp_model_parallel_size" in o or "enable_expert_parallel" in o
+                or "rollout_world_size" in o]
+    dropped = [x.comment for x in lines if x.section == "dropped" and "rollout_world_size" in x.comment]
+    assert dropped == [f"dropped {ROLLOUT}.rollout_world_size=32: verl 0.9.1 makes (rollout devices) / (TP x DP) "
+                       "replicas itself (verl/workers/rollout/llm_server.py)"]
+
+
+def test_a_bad_expert_parallel_flag_is_one_line():
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.migrate import rewrite
+
+    with pytest.raises(UserError) as e:
+        rewrite([f"{ROLLOUT}.tensor_model_parallel_size=2", f"+{ROLLOUT}.enable_expert_parallel=yes"])
+    assert str(e.value) == f"{ROLLOUT}.enable_expert_parallel=yes is not accepted: accepted are True and False"
 
 
 def test_the_table_agrees_with_verls_megatron_config():

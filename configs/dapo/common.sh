@@ -1,13 +1,16 @@
 # The guide's DAPO settings for Qwen3-30B-A3B, spelled for verl 0.9.1, on the Megatron path.
 # Sourced by configs/dapo_qwen3_30b_*.sh after they set: NNODES, DEVICE, MODEL_PATH, CKPTS_DIR,
 # TRAIN_FILE, TEST_FILE, GEN_TP, INFER_MAX_TOKENS, ENFORCE_EAGER, LOGGER (trainer.logger, the guide's per
-# device: verl's default ["console","wandb"] needs a wandb login) and the LAYOUT array (actor = ref).
+# device: verl's default ["console","wandb"] needs a wandb login) and the LAYOUT array (actor = ref);
+# optional: GEN_DP, GEN_EP (default 1), CUDAGRAPH_MODE (vLLM's cudagraph_mode; unset: verl's default).
 # Differences from the guide's FSDP script (see docs/VERL_PLUGIN.md):
 #   recipe.dapo.main_dapo -> python -m mcore_dapo.verl_plugin.main_dapo (verl 0.9.1 has no recipe/ folder)
 #   actor.strategy=fsdp + fsdp_config.*  -> actor.strategy=megatron + actor/ref .megatron.* (LAYOUT)
 #   reward_model.reward_manager/overlong_buffer -> reward.reward_manager.name, reward.reward_kwargs.*
 #   ulysses_sequence_parallel_size, use_torch_compile (FSDP only) -> dropped
-#   gen_dp / rollout_world_size / enable_expert_parallel (not in 0.9.1's rollout config) -> dropped
+#   +rollout.dp_model_parallel_size (gen_dp) -> rollout.data_parallel_size (GEN_DP);
+#   +rollout.enable_expert_parallel -> rollout.expert_parallel_size (GEN_EP: TP x DP when on, else 1);
+#   +rollout.rollout_world_size -> dropped (verl 0.9.1 derives the replicas from the devices)
 #   data.gen_batch_size=96, filter_groups.max_num_gen_batches=10 -> filter_groups.max_inflight_gen_batches=3:
 #       with filter groups on, verl 0.9.1's v1 trainer sets gen_batch_size to 1 and ignores
 #       max_num_gen_batches (verl/trainer/ppo/v1/trainer_base.py); at most 3 x train_batch_size = 96 prompts
@@ -81,6 +84,46 @@ max_prompt_length=$((1024 * 2))
 max_response_length=$((1024 * 6))
 train_prompt_bsz=32
 offload=True
+n_resp_per_prompt=16
+max_inflight_gen_batches=3
+max_num_seqs=1024
+
+# Rollout layout and graph mode (docs/VERL_PLUGIN.md, "Rollout layout and graph mode").
+#   GEN_TP x GEN_DP devices make one vLLM replica; GEN_EP=1 keeps the experts tensor-split over them,
+#   GEN_EP=GEN_TP*GEN_DP makes vLLM's expert parallelism (verl 0.9.1 accepts no other value; the dry run
+#   refuses it before Ray, with a layout verl or vLLM would refuse).
+#   ENFORCE_EAGER=False: vLLM's graphs (CUDA graphs; ACL graphs on Ascend), captured for the decode
+#   batches one engine sees: at most max_inflight_gen_batches x train_batch_size x n sequences in flight,
+#   spread over (rollout devices / GEN_TP) engines (each DP rank schedules its own batch); a larger batch
+#   runs without a graph. CUDAGRAPH_MODE, when set, is vLLM's compilation_config.cudagraph_mode.
+GEN_DP=${GEN_DP:-1}
+GEN_EP=${GEN_EP:-1}
+for var in GEN_TP GEN_DP GEN_EP; do
+    if ! [[ "${!var:-}" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: ${var}=${!var:-} is not accepted: accepted is a positive integer" >&2; exit 2
+    fi
+done
+if [ "${ASYNC:-off}" = separate ]; then
+    rollout_devices=$((ROLLOUT_NNODES * ${ROLLOUT_GPUS_PER_NODE:-8}))
+else
+    rollout_devices=$((NNODES * 8))
+fi
+case "${ENFORCE_EAGER:-}" in
+    True|true) GRAPH_ARGS=() ;;
+    False|false)
+        engines=$((rollout_devices / GEN_TP > 0 ? rollout_devices / GEN_TP : 1))
+        in_flight=$(((max_inflight_gen_batches * train_prompt_bsz * n_resp_per_prompt + engines - 1) / engines))
+        top=$(((in_flight + 7) / 8 * 8))
+        top=$((top < max_num_seqs ? top : max_num_seqs))
+        capture_sizes="1,2,4"
+        for ((size = 8; size <= top; size += 8)); do capture_sizes+=",${size}"; done
+        GRAPH_ARGS=("actor_rollout_ref.rollout.cudagraph_capture_sizes=[${capture_sizes}]")
+        if [ -n "${CUDAGRAPH_MODE:-}" ]; then
+            GRAPH_ARGS+=(+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config.cudagraph_mode=${CUDAGRAPH_MODE})
+        fi ;;
+    *) echo "error: ENFORCE_EAGER=${ENFORCE_EAGER:-} is not accepted: accepted are True (eager) and False (graph mode)" >&2
+       exit 2 ;;
+esac
 
 DAPO_ARGS=(
     data.train_files="${TRAIN_FILE}"
@@ -90,8 +133,8 @@ DAPO_ARGS=(
     data.max_prompt_length=${max_prompt_length}
     data.max_response_length=${max_response_length}
     data.train_batch_size=${train_prompt_bsz}
-    actor_rollout_ref.rollout.n=16
-    actor_rollout_ref.rollout.max_num_seqs=1024
+    actor_rollout_ref.rollout.n=${n_resp_per_prompt}
+    actor_rollout_ref.rollout.max_num_seqs=${max_num_seqs}
     actor_rollout_ref.rollout.max_num_batched_tokens=$((1024 * 32))
     algorithm.adv_estimator=grpo
     algorithm.use_kl_in_reward=False
@@ -102,7 +145,7 @@ DAPO_ARGS=(
     actor_rollout_ref.actor.clip_ratio_high=0.28
     actor_rollout_ref.actor.clip_ratio_c=10.0
     algorithm.filter_groups.enable=True
-    algorithm.filter_groups.max_inflight_gen_batches=3
+    algorithm.filter_groups.max_inflight_gen_batches=${max_inflight_gen_batches}
     algorithm.filter_groups.metric=acc
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.actor.use_dynamic_bsz=True
@@ -131,6 +174,8 @@ DAPO_ARGS=(
     actor_rollout_ref.rollout.name=vllm
     actor_rollout_ref.rollout.gpu_memory_utilization=0.90
     actor_rollout_ref.rollout.tensor_model_parallel_size=${GEN_TP}
+    actor_rollout_ref.rollout.data_parallel_size=${GEN_DP}
+    actor_rollout_ref.rollout.expert_parallel_size=${GEN_EP}
     actor_rollout_ref.rollout.enable_chunked_prefill=True
     actor_rollout_ref.rollout.temperature=1.0
     actor_rollout_ref.rollout.top_p=1.0
@@ -141,6 +186,7 @@ DAPO_ARGS=(
     actor_rollout_ref.rollout.val_kwargs.do_sample=True
     actor_rollout_ref.rollout.val_kwargs.n=1
     actor_rollout_ref.rollout.enforce_eager=${ENFORCE_EAGER}
+    "${GRAPH_ARGS[@]}"
     actor_rollout_ref.rollout.free_cache_engine=True
     reward.reward_manager.name=dapo
     +reward.reward_kwargs.max_resp_len=${max_response_length}

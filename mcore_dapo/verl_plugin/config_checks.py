@@ -135,8 +135,10 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     check_fast_paths(c, cfg, layout, here)
     replay = check_router_replay(c, cfg)
     mode = check_async(c)
+    rollout = check_rollout_layout(c, cfg, world, mode)
+    graph = check_rollout_graph(c)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
-             "rollout_tp": int(c.actor_rollout_ref.rollout.tensor_model_parallel_size),
+             **rollout, "rollout_graph": graph,
              "device": str(c.trainer.get("device") or ""), "router_replay": replay, "trainer_mode": mode}
     if not here:
         try:
@@ -164,6 +166,128 @@ def check_router_replay(c, cfg) -> str:
         raise UserError("router_replay.mode=R3 replays the rollout's routed experts, and the rollout does not "
                         "return them: set actor_rollout_ref.rollout.enable_rollout_routing_replay=True")
     return replay
+
+
+ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def check_rollout_layout(c, cfg, world: int, mode: str) -> dict:
+    """The vLLM rollout's TP x DP x EP (docs/VERL_PLUGIN.md, "Rollout layout and graph mode"), before Ray: what
+    verl 0.9.1 asserts inside its Ray actors or silently leaves idle, and what vLLM refuses for the model's
+    heads; one line each. Returns the rollout sizes of the dry run's JSON line."""
+    r = c.actor_rollout_ref.rollout
+    tp, dp, ep = (int(r.get(k) or 1) for k in ("tensor_model_parallel_size", "data_parallel_size",
+                                                "expert_parallel_size"))
+    for key, v in (("data_parallel_size", dp), ("expert_parallel_size", ep)):
+        if v < 1:
+            raise UserError(f"{ROLLOUT}.{key}={v} is not accepted: accepted is a positive integer")
+    # verl/workers/config/rollout.py, RolloutConfig.__post_init__ (vLLM and SGLang): "expert_parallel_size must be
+    # equal to tensor_model_parallel_size * data_parallel_size"; EP 1 keeps the experts tensor-split
+    if ep != 1 and ep != tp * dp:
+        raise UserError(f"{ROLLOUT}.expert_parallel_size={ep} with tensor_model_parallel_size={tp} and "
+                        f"data_parallel_size={dp} is not accepted: accepted are 1 (experts tensor-split) and "
+                        f"{tp * dp} (TP x DP: vLLM's expert parallelism), as verl asserts")
+    if ep > 1 and not cfg.is_moe:
+        raise UserError(f"{ROLLOUT}.expert_parallel_size={ep} needs a model with MoE layers; this one has none: "
+                        "accepted is 1")
+    heads, kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
+    if heads % tp:  # vllm/config/model.py, ModelConfig.verify_with_parallel_config
+        raise UserError(f"{ROLLOUT}.tensor_model_parallel_size={tp} does not divide the model's {heads} attention "
+                        f"heads (vLLM refuses it): accepted are {_divisors(heads)}")
+    if kv % tp and tp % kv:  # vllm/model_executor/layers/linear.py, QKVParallelLinear: split, or replicate above kv
+        raise UserError(f"{ROLLOUT}.tensor_model_parallel_size={tp} neither divides the model's {kv} KV heads nor is "
+                        f"a multiple of them (vLLM splits or replicates whole KV heads): accepted are "
+                        f"{_divisors(heads, lambda t: kv % t == 0 or t % kv == 0)}")
+    if mode == SEPARATE:
+        per_node, devices = int(r.get("n_gpus_per_node") or 0), int(r.get("nnodes") or 0) * int(r.get("n_gpus_per_node") or 0)
+    else:
+        per_node, devices = int(c.trainer.n_gpus_per_node), world
+    replica = tp * dp  # one vLLM server's devices (verl/workers/rollout/replica.py: TP x DP x PP, PP 1 for vLLM)
+    if per_node % replica and replica % per_node:
+        raise UserError(f"rollout TP x DP = {tp} x {dp} = {replica} devices a replica on nodes of {per_node}: verl "
+                        f"places a replica on one node or on whole nodes; accepted is a replica size dividing "
+                        f"{per_node} or a multiple of it")
+    if devices % replica:
+        raise UserError(f"rollout TP x DP = {replica} devices a replica does not divide the rollout's {devices} "
+                        f"devices (verl would leave {devices % replica} idle): accepted is a divisor of {devices}")
+    if dp > 1 and per_node % tp:  # vllm_async_server.py: data_parallel_size_local = gpus_per_node // TP
+        raise UserError(f"{ROLLOUT}.tensor_model_parallel_size={tp} with data_parallel_size={dp} on nodes of "
+                        f"{per_node}: verl splits a node into DP ranks of TP devices; accepted is a TP dividing {per_node}")
+    return {"rollout_tp": tp, "rollout_dp": dp, "rollout_ep": ep, "rollout_replicas": devices // replica}
+
+
+def _divisors(n: int, keep=lambda t: True) -> str:
+    return ", ".join(str(t) for t in range(1, n + 1) if n % t == 0 and keep(t))
+
+
+# vLLM's CUDAGraphMode names (vllm/config/compilation.py); verl 0.9.1 sets FULL_AND_PIECEWISE unless
+# engine_kwargs.vllm.compilation_config.cudagraph_mode says otherwise (vllm_async_server.py, launch_server)
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+VERL_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
+# vllm-ascend v0.11.0rc1 vllm_ascend/platform.py, check_and_update_config: FULL_AND_PIECEWISE runs as PIECEWISE,
+# FULL_DECODE_ONLY as a full decode graph, FULL falls back to eager (NONE) with an info line
+NPU_CUDAGRAPH_MODES = ("PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+NZ_VAR = "VLLM_ASCEND_ENABLE_NZ"
+
+
+def check_rollout_graph(c, env=None) -> str:
+    """Graph mode of the vLLM rollout (``enforce_eager=False``), before Ray: the cudagraph mode vLLM (and on an NPU
+    vllm-ascend) runs, and, on an NPU, the environment it needs (docs/ASCEND.md, "Rollout graph mode"). Returns
+    the mode for the dry run's JSON line ("eager" or the cudagraph mode).
+
+    Read and found composing with graph mode (nothing refused): router replay R3 (vLLM 0.31's
+    ``_verify_aux_output_compatibility`` has no cudagraph condition; ``RoutedExpertsCapturer`` writes into a
+    device buffer allocated once, which a graph replays), partial rollout (verl's ``abort_all_requests`` pauses
+    the engine between steps) and both asynchronous modes (sleep mode maps the freed memory back at the same
+    addresses on wake-up, ``vllm/device_allocator/cumem.py``)."""
+    import os
+
+    env = os.environ if env is None else env
+    r = c.actor_rollout_ref.rollout
+    device = str(c.trainer.get("device") or "")
+    if str(r.get("name")) != "vllm":
+        return "eager" if r.get("enforce_eager") else "engine default"
+    npu = device == "npu"
+    if npu and str(env.get(NZ_VAR, "0")).strip() != "0":
+        # vllm-ascend (v0.11.0rc1 vllm_ascend/ops/linear.py, ops/common_fused_moe.py) casts bf16 weights to NZ once
+        # after loading; the step's weight sync writes the trainer's ND weights into them (verl 0.9.1 sets 0 in
+        # its vLLM workers where unset: verl/workers/rollout/vllm_rollout/utils.py)
+        raise UserError(f"{NZ_VAR}={env.get(NZ_VAR)} with the vLLM rollout on trainer.device=npu: vllm-ascend then "
+                        "keeps the rollout's weights in NZ format, which the weight sync of every step does not write; "
+                        f"accepted is {NZ_VAR}=0 (or unset: verl sets 0)")
+    if r.get("enforce_eager"):
+        return "eager"
+    compilation = (r.get("engine_kwargs") or {}).get("vllm", {}) or {}
+    compilation = compilation.get("compilation_config") or {}
+    if isinstance(compilation, str):
+        import json
+
+        try:
+            compilation = json.loads(compilation)
+        except ValueError:
+            raise UserError(f"{ROLLOUT}.engine_kwargs.vllm.compilation_config={compilation} is not accepted: "
+                            "accepted is a mapping (or its JSON)") from None
+    mode = str(compilation.get("cudagraph_mode") or VERL_CUDAGRAPH_MODE)
+    key = f"{ROLLOUT}.engine_kwargs.vllm.compilation_config.cudagraph_mode"
+    if mode not in CUDAGRAPH_MODES:
+        raise UserError(f"{key}={mode} is not accepted: accepted are vLLM's {', '.join(CUDAGRAPH_MODES)}")
+    sizes = r.get("cudagraph_capture_sizes")
+    if sizes is not None and (not sizes or any(not isinstance(s, int) or s < 1 for s in sizes)):
+        raise UserError(f"{ROLLOUT}.cudagraph_capture_sizes={list(sizes)} is not accepted: accepted is null (vLLM's "
+                        "sizes) or a list of positive batch sizes")
+    if mode == "NONE":
+        return "eager"
+    if npu:
+        if mode not in NPU_CUDAGRAPH_MODES:
+            raise UserError(f"{key}={mode} with enforce_eager=False on trainer.device=npu: vllm-ascend runs it eager; "
+                            f"accepted are {', '.join(NPU_CUDAGRAPH_MODES)} (or enforce_eager=True)")
+        if str(env.get("ASCEND_LAUNCH_BLOCKING", "0")).strip() == "1":  # vllm-ascend v0.11.0rc1 platform.py raises
+            raise UserError("ASCEND_LAUNCH_BLOCKING=1 with enforce_eager=False on trainer.device=npu: vllm-ascend "
+                            "refuses ACL graphs with it; accepted are ASCEND_LAUNCH_BLOCKING unset or 0, or "
+                            f"{ROLLOUT}.enforce_eager=True")
+        if mode == "FULL_AND_PIECEWISE":
+            mode = "PIECEWISE"  # what vllm-ascend runs of it
+    return mode
 
 
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # verl 0.9.1's registered V1 trainers
