@@ -17,6 +17,12 @@ shows how far an update lands without the optimizer state). With ``--dist-start 
 from the torch_dist checkpoint ``C`` with ``megatron.use_dist_checkpointing=True`` and saves the Megatron model
 beside the HF weights (:func:`dist_model_save`). ``resume`` (another layout): load, update 2, compared with
 the uninterrupted run's.
+
+Checkpoint content (:func:`write_held_checksums`, :func:`checksums_differ`): the ranks write per-tensor crc32s of
+what they hold at a save (the optimizer's fp32 main-parameter shards and Adam moments, from
+:func:`mcore_dapo_checks.audit.held_state`; the engine's HF export), computed here from the tensors, not from
+anything the checkpoint writer produced; the test reads the finished checkpoint's files itself (the optimizer's
+dist checkpoint with torch's reader in one process, the HF shards with safetensors) and compares.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ import argparse
 import json
 import sys
 import time
+import zlib
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -160,6 +168,10 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
             write(path, text)
 
         checkpoint._write_synced = die_before_the_tracker
+    if point == "tracker":  # the save that completes: what it must hold, taken before it
+        from mcore_dapo_checks.audit import held_state
+
+        write_held_checksums(held_state(engine), export(engine), folder.parent.parent / "held" / f"step-{step}")
     engine.save_checkpoint(str(folder), global_step=step)
     if point == "tracker":
         checkpoint.poll(engine, blocking=True)
@@ -181,6 +193,95 @@ def restored_pieces(held: dict, loaded: dict) -> list[str]:
         out += [f"optimizer[{i}].{k}" for k in sorted(h.keys() | l.keys()) if k not in h or k not in l
                 or not _same(h[k], l[k])]
     return out
+
+
+OPTIMIZER_STATES = ("param", "exp_avg", "exp_avg_sq")  # the distributed optimizer's per-shard tensors
+
+
+def crc32(t: torch.Tensor) -> str:
+    """crc32 of a host tensor's bytes as stored (its dtype), computed here, not with the product's checksum."""
+    data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
+
+
+def write_held_checksums(held: dict, hf: dict[str, torch.Tensor], folder: Path) -> None:
+    """Collective. Each rank writes ``folder/rank<r>.json``: the crc32 and size of every optimizer tensor it holds
+    (``held``: :func:`mcore_dapo_checks.audit.held_state`), by state; rank 0 adds the engine's HF export ``hf``
+    (name -> crc32). Taken before the save: the reference a checkpoint's files are held against."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    mine = {"optimizer": {k: sorted([e[k].numel(), crc32(e[k])] for e in held["optimizer"] if e[k].numel())
+                          for k in OPTIMIZER_STATES},
+            "hf": {n: crc32(t) for n, t in hf.items()} if rank == 0 else None}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"rank{rank}.json").write_text(json.dumps(mine))
+    dist.barrier()
+
+
+def optimizer_chunks(actor: Path) -> list[tuple[str, list[int], torch.Tensor]]:
+    """Every non-empty chunk of the optimizer's dist checkpoint (``optimizer/dist_ckpt``: key, offsets, the
+    values), read with torch's reader in this process."""
+    import warnings
+
+    from torch.distributed.checkpoint import FileSystemReader, load
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = FileSystemReader(str(actor / "optimizer" / "dist_ckpt"))
+    meta = reader.read_metadata().state_dict_metadata
+    full = {k: torch.empty(v.size, dtype=v.properties.dtype) for k, v in meta.items()
+            if isinstance(v, TensorStorageMetadata)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "torch.distributed is ... uninitialized, assuming ... a single process"
+        load(full, storage_reader=reader, no_dist=True)
+    out = []
+    for key, t in full.items():
+        for c in meta[key].chunks:
+            piece = t[tuple(slice(o, o + n) for o, n in zip(c.offsets, c.sizes))]
+            if piece.numel():
+                out.append((key, list(c.offsets), piece))
+    return out
+
+
+def checkpoint_checksums(actor: Path) -> dict:
+    """A checkpoint as its files hold it, read here in one process (no Megatron, no process group): every chunk of
+    the optimizer's dist checkpoint (``optimizer/dist_ckpt``, torch's reader; one chunk per tensor a rank wrote)
+    with its key, offsets, size and crc32; every HF tensor's crc32 (``model/huggingface``, safetensors)."""
+    from safetensors.torch import load_file
+
+    chunks = [{"key": key, "offsets": offsets, "numel": piece.numel(), "crc32": crc32(piece)}
+              for key, offsets, piece in optimizer_chunks(actor)]
+    hf = {}
+    for f in sorted((actor / "model" / "huggingface").glob("*.safetensors")):
+        hf.update({n: crc32(t) for n, t in load_file(str(f)).items()})
+    return {"optimizer": chunks, "hf": hf}
+
+
+def checksums_differ(held_dir: Path, actor: Path) -> dict:
+    """The checkpoint ``actor`` against the checksums the ranks wrote at its save (:func:`write_held_checksums`):
+    each HF tensor by name; the optimizer's tensors by state (its key's last part) as multisets of (size, crc32),
+    every rank's shards together against the chunks on disk (the chunk a shard went to is Megatron's layout, not
+    asserted here). ``differ`` names each HF tensor that differs and each held shard without a twin on disk.
+    Chunks on disk without a held twin are counted apart (``unheld_chunks``, ``unheld_elements``): Megatron's
+    dp_reshardable format also writes the padding of its gradient buckets, uninitialised memory that no rank holds
+    as optimizer state (8 chunks of 48 elements per state in the EP2 checkpoint)."""
+    ranks = [json.loads(p.read_text()) for p in sorted(held_dir.glob("rank*.json"))]
+    disk = checkpoint_checksums(actor)
+    held_hf = ranks[0]["hf"]
+    differ = [f"hf {n}" for n in sorted(held_hf.keys() | disk["hf"].keys()) if held_hf.get(n) != disk["hf"].get(n)]
+    counts, unheld, unheld_elements = {}, {}, {}
+    for state in OPTIMIZER_STATES:
+        want = Counter(tuple(x) for r in ranks for x in r["optimizer"][state])
+        got = Counter((c["numel"], c["crc32"]) for c in disk["optimizer"] if c["key"].rsplit(".", 1)[-1] == state)
+        counts[state] = sum(want.values())
+        differ += [f"held {state} shard of {n} elements (crc32 {h}) not on disk" for n, h in sorted(want - got)]
+        unheld[state] = sum((got - want).values())
+        unheld_elements[state] = sum(n * k for (n, _), k in (got - want).items())
+    other = sorted({c["key"] for c in disk["optimizer"] if c["key"].rsplit(".", 1)[-1] not in OPTIMIZER_STATES})
+    differ += [f"disk {k}: not an optimizer state compared" for k in other]
+    return {"ranks": len(ranks), "hf_tensors": len(held_hf), "optimizer_shards": counts,
+            "optimizer_elements": {s: sum(x[0] for r in ranks for x in r["optimizer"][s]) for s in OPTIMIZER_STATES},
+            "unheld_chunks": unheld, "unheld_elements": unheld_elements, "differ": differ}
 
 
 def _all_ranks(items: list[str]) -> list[str]:
@@ -214,6 +315,7 @@ def save_run(a) -> dict:
     from mcore_dapo_checks.audit import held_state
 
     held = held_state(engine)
+    write_held_checksums(held, at_save, work / "held" / "step-1")  # what global_step_1 must hold
     second = update(worker, engine, *batches[BATCH_B])
     want = export(engine)
     rank = dist.get_rank()

@@ -2,9 +2,12 @@
 CPU, megatron-core's persistent checkpoint worker (mcore_dapo_checks.check_async_save).
 
 * What is written is what the ranks held when the save was scheduled, though the tensor changes right after
-  (the next update): the trainer copies a host tensor into shared memory before the worker gets it. Mutation:
+  (the next update): the trainer copies a host tensor into shared memory before the worker gets it. The save is
+  loaded back whole on every rank and every rank's shard is held, bit for bit and by crc32, against that rank's
+  values at the save (a clone taken before the writer saw the tensor, gathered from every rank). Mutations:
   without that copy (``stage_host_tensors`` returning the buckets as they are) the saved values were the changed
-  ones.
+  ones; the copy skipped on rank 1 alone (``MCORE_DAPO_MUTATE=skip-staging-rank1``, in the check's process) fails
+  rank 1's shard.
 * A rank with nothing to write (a replica) finishes its save like the others.
 * A background write that fails on one rank makes every rank's poll raise, naming that rank, and the save's
   last steps (record, rename, tracker in the checkpoint manager) do not run.
@@ -24,7 +27,11 @@ def checked(tmp_path_factory):
 
 
 def test_what_is_written_is_what_the_ranks_held_at_the_save(checked):
-    assert checked["saved_is_at_save"] and not checked["saved_is_after_change"]
+    # per rank of the save, as each rank loaded it back: every shard is its rank's values at the save
+    assert checked["shards_at_save"] == [[True, True], [True, True]], checked["shards_at_save"]
+    assert checked["shards_after_change"] == [[False, False], [False, False]]
+    assert checked["loaded_crc32"] == [checked["held_crc32"]] * 2
+    assert len(set(checked["held_crc32"])) == 2  # the two shards hold different values
     assert checked["worker_pid"] > 0  # written by the persistent worker process
     assert checked["steps_run"][0] == "finished-1"
 

@@ -180,7 +180,7 @@ def reshard(tiny_moe, tmp_path_factory):
 
     from mcore_dapo.bridge.layout import Layout
     from mcore_dapo.convert.api import hf2mcore
-    from mcore_dapo_checks.reshard_resume import ASYNC, LAST_STEP, launch
+    from mcore_dapo_checks.reshard_resume import ASYNC, LAST_STEP, checksums_differ, launch
     from mcore_dapo.verl_plugin import checkpoint
 
     work = tmp_path_factory.mktemp("reshard")
@@ -189,15 +189,20 @@ def reshard(tiny_moe, tmp_path_factory):
     def state(point):
         step2 = work / "global_step_2" / "actor"
         latest = find_latest_ckpt_path(str(work))
+        # content: step 1 (what resume_mode=auto takes) against what the save launch's ranks held at its save;
+        # the completed step 2 against what the killed launch's ranks held at its save
+        after[point] = {"step1_content": checksums_differ(work / "held" / "step-1", work / "global_step_1" / "actor"),
+                        "step2_content": checksums_differ(work / "held" / "step-2", step2)
+                        if point == "tracker" else None}
         try:
             checkpoint.check(step2, here_record(work))
             refused = None
         except Exception as e:  # noqa: BLE001 - the refusal's type is asserted by the test
             refused = e
-        after[point] = {"latest": latest, "step2_problem": checkpoint.problem(step2), "step2_refused": refused,
-                        "step2_files": sorted(str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file())
-                        if step2.is_dir() else None,
-                        "partial": checkpoint.partial_path(step2).is_dir()}
+        after[point] |= {"latest": latest, "step2_problem": checkpoint.problem(step2), "step2_refused": refused,
+                         "step2_files": sorted(str(p.relative_to(step2)) for p in step2.rglob("*") if p.is_file())
+                         if step2.is_dir() else None,
+                         "partial": checkpoint.partial_path(step2).is_dir()}
 
     # hf2mcore's torch_dist checkpoint: the start of the save launch's engine with use_dist_checkpointing=True
     hf2mcore(tiny_moe, work / "dist-start", Layout(ep=2), progress=False)
@@ -261,6 +266,19 @@ def test_a_save_killed_half_way_is_not_taken(reshard, point):
     e = after["step2_refused"]
     assert isinstance(e, UserError) and "\n" not in str(e)
     assert "incomplete" in str(e) and f"previous complete checkpoint is {work / 'global_step_1'}" in str(e)
+    # and step 1 holds, tensor for tensor, what the save launch's ranks held when they saved it
+    content_is_held(after["step1_content"], ranks=2)
+
+
+def content_is_held(c: dict, ranks: int) -> None:
+    """A checkpoint's files against the crc32s its ranks computed from what they held at its save
+    (mcore_dapo_checks/reshard_resume.checksums_differ): every HF tensor, every optimizer shard and moment."""
+    assert c["differ"] == [], c["differ"][:10]
+    assert c["ranks"] == ranks and c["hf_tensors"] > 100, c  # the tiny MoE's HF tensors: 135
+    assert min(c["optimizer_shards"].values()) > 0 and len(set(c["optimizer_shards"].values())) == 1, c
+    # chunks on disk no rank held: the buckets' padding, the same in each state and a sliver of it
+    assert len(set(c["unheld_chunks"].values())) == 1, c
+    assert all(c["unheld_elements"][s] < 0.01 * c["optimizer_elements"][s] for s in c["unheld_elements"]), c
 
 
 def test_a_save_killed_before_the_tracker_leaves_both_checkpoints_whole(reshard):
@@ -272,6 +290,47 @@ def test_a_save_killed_before_the_tracker_leaves_both_checkpoints_whole(reshard)
     # written again over the two killed saves' leftovers: exactly the files its record lists
     record = json.loads((work / "global_step_2" / "actor" / RESUME_FILE).read_text())
     assert sorted([*record["files"], RESUME_FILE]) == after["step2_files"]
+    # and their content: step 2 what the killed launch's 4 ranks held at its save, step 1 the save launch's
+    content_is_held(after["step2_content"], ranks=4)
+    content_is_held(after["step1_content"], ranks=2)
+
+
+def flip_byte(path: Path, data: bytes) -> None:
+    """One bit of ``data`` flipped where the file holds it (once: the bytes are found exactly once)."""
+    blob = bytearray(path.read_bytes())
+    at = blob.find(data)
+    assert at >= 0 and blob.find(data, at + 1) < 0, path
+    blob[at + len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(blob))
+
+
+def test_a_flipped_bit_in_a_complete_checkpoint_is_found(reshard, tmp_path):
+    """The content check's control: a copy of the complete step 2 with one bit flipped in an HF tensor and in an
+    optimizer shard (sizes unchanged: the record's check passes it) is named, those two tensors and nothing else."""
+    import torch
+    from safetensors import safe_open
+
+    from mcore_dapo.verl_plugin import checkpoint
+    from mcore_dapo_checks.reshard_resume import checksums_differ, crc32, optimizer_chunks
+
+    work = reshard[2]
+    copy = tmp_path / "global_step_2" / "actor"
+    shutil.copytree(work / "global_step_2" / "actor", copy)
+    shard = sorted((copy / "model" / "huggingface").glob("*.safetensors"))[0]
+    with safe_open(str(shard), "pt") as f:
+        name = sorted(f.keys())[0]
+        t = f.get_tensor(name)
+    flip_byte(shard, t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    key, offsets, piece = next(c for c in optimizer_chunks(copy) if c[0].endswith(".param") and c[2].numel() >= 64)
+    data = piece.contiguous().numpy().tobytes()
+    victim = next(p for p in (copy / "optimizer" / "dist_ckpt").glob("*.distcp") if data in p.read_bytes())
+    flip_byte(victim, data)
+    assert checkpoint.problem(copy) is None  # complete by its record's file sizes
+    c, whole = checksums_differ(work / "held" / "step-2", copy), checksums_differ(work / "held" / "step-2",
+                                                                                  work / "global_step_2" / "actor")
+    assert c["differ"] == [f"hf {name}", f"held param shard of {piece.numel()} elements (crc32 {crc32(piece)}) "
+                           "not on disk"], c["differ"]
+    assert c["unheld_chunks"]["param"] == whole["unheld_chunks"]["param"] + 1  # the flipped chunk
 
 
 def test_the_remote_copy_is_the_complete_checkpoint_with_its_record(reshard):
