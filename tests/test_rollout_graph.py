@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mcore_dapo.errors import UserError
+
 pytest.importorskip("verl")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,6 +197,15 @@ def test_what_is_accepted_where_the_refusals_fire(monkeypatch, capsys):
     assert check_rollout_graph(c, env={}) == "PIECEWISE"  # verl's FULL_AND_PIECEWISE, as vllm-ascend runs it
     c.trainer.device = "cuda"
     assert check_rollout_graph(c, env={"VLLM_ASCEND_ENABLE_NZ": "1"}) == "FULL_AND_PIECEWISE"  # an NPU variable
+    # vLLM's CPU build: new packed linear weights at every sync (vllm/model_executor/layers/utils.py) and, not eager,
+    # one trace of the model (vllm/platforms/cpu.py: DYNAMO_TRACE_ONCE) that keeps the first: eager only
+    c.trainer.device = "cpu"
+    with pytest.raises(UserError) as e:
+        check_rollout_graph(c, env={})
+    assert "\n" not in str(e.value) and str(e.value).startswith(f"{R}.enforce_eager=False with the vLLM rollout on "
+                                                                 "trainer.device=cpu")
+    c.actor_rollout_ref.rollout.enforce_eager = True
+    assert check_rollout_graph(c, env={}) == "eager"
 
 
 def test_kv_heads_and_dp_split_refusals():

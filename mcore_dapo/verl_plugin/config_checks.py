@@ -257,6 +257,10 @@ def check_rollout_graph(c, env=None) -> str:
                         f"accepted is {NZ_VAR}=0 (or unset: verl sets 0)")
     if r.get("enforce_eager"):
         return "eager"
+    if device == "cpu":
+        raise UserError(f"{ROLLOUT}.enforce_eager=False with the vLLM rollout on trainer.device=cpu: vLLM's CPU build "
+                        "packs its linear weights anew at every weight sync (dispatch_cpu_unquantized_gemm) and, not "
+                        "eager, traces the model once, keeping the first packing; accepted is enforce_eager=True")
     compilation = (r.get("engine_kwargs") or {}).get("vllm", {}) or {}
     compilation = compilation.get("compilation_config") or {}
     if isinstance(compilation, str):
