@@ -7,9 +7,9 @@ From the measured step (``N_ref`` devices): ``G`` generation (``timing_s/gen``),
 loading its weights), ``L`` old log-probs, ``U`` the update, ``O`` everything else in ``timing_s/step`` (reward,
 advantages, untimed work; ``W`` of it the colocated rollout's weight update where timed apart,
 ``timing_s/update_weights``), and ``tail = response_length/mean / response_length/max``. On ``N`` devices the
-training phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept. Decoding is not taken from the log:
-``M(X)`` is the modelled synchronous generation of the best fitting rollout layout on ``X`` devices
-(:mod:`mcore_dapo.plan.generation`, the measured step's lengths; the log's ``D s`` only when no rollout layout fits).
+training phases scale by ``s = N_ref / N``; ``O`` and ``G - D`` are kept. Decoding is the log's, scaled by the
+devices: ``M(X) = D N_ref / X``. The generation model (:mod:`mcore_dapo.plan.generation`) ranks rollout layouts but
+is not used here: for the guide's own configuration it projects 2.8 times the logged decoding (docs/PLANNER.md).
 
 * ``sync``: ``(G - D) + M(N) + (L + U) s + O``.
 * ``colocate_async``: generation and training still take turns on the same devices (verl puts the rollout to
@@ -156,15 +156,6 @@ def best_time(cfg: HFModelConfig, w: Workload) -> tuple[float, str] | None:
     return None
 
 
-def modelled_generation(cfg: HFModelConfig, w: Workload, p: Phases) -> tuple[float, str] | None:
-    """(seconds, layout) of the fastest fitting rollout layout's synchronous generation on ``w``'s devices with
-    ``p``'s lengths (:mod:`mcore_dapo.plan.generation`); None when none fits."""
-    from mcore_dapo.plan.generation import best, lengths_of
-
-    g = best(cfg, w, lengths_of(w, p))
-    return (g.total_s, g.layout.script_vars()) if g else None
-
-
 def separate_split(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> dict | None:
     """The fastest whole-node split of ``w``'s devices into training and rollout (None when no training layout
     fits on fewer nodes than all)."""
@@ -178,15 +169,13 @@ def separate_split(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> 
             continue
         t_k, layout = got
         rollout_devices = (w.nodes - k) * w.devices_per_node
-        modelled = modelled_generation(cfg, replace(w, nodes=w.nodes - k), p)
-        gen = (modelled[0] if modelled else p.decode_s * p.devices / rollout_devices) * p.tail
+        gen = p.decode_s * p.devices / rollout_devices * p.tail
         # no rollout on the training devices: the colocated weight update is replaced by the transport's sync
         train = (p.old_log_prob_s + p.update_s) * s * t_k / t_all + p.other_s - p.weights_s
         step = max(gen, train) + sync
         if best is None or step < best["step_s"]:
             best = {"step_s": step, "trainer_nodes": k, "rollout_nodes": w.nodes - k,
                     "rollout_devices": rollout_devices, "trainer_layout": layout, "gen_s": round(gen, 2),
-                    "rollout_layout": modelled[1] if modelled else None,
                     "train_s": round(train, 2), "sync_s": sync}
     return best
 
@@ -197,9 +186,8 @@ def project(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> list[Mo
     s = p.devices / w.world_size
     wake = p.gen_s - p.decode_s
     train = (p.old_log_prob_s + p.update_s) * s + p.other_s
-    modelled = modelled_generation(cfg, w, p)
-    decode = modelled[0] if modelled else p.decode_s * s  # the log's, scaled, when no rollout layout fits
-    extra = {"decode_s": round(decode, 2), "rollout_layout": modelled[1] if modelled else None}
+    decode = p.decode_s * s
+    extra = {"decode_s": round(decode, 2)}
     steps = {
         "sync": (wake + decode + train, {"gen_s": round(wake + decode, 2), "train_s": round(train, 2), **extra}),
         "colocate_async": (wake + decode * p.tail + train,
@@ -217,10 +205,7 @@ def project(cfg: HFModelConfig, w: Workload, p: Phases, t_all: float) -> list[Mo
 
 
 def render(projections: list[ModeProjection], p: Phases) -> list[str]:
-    sync = next((m.detail for m in projections if m.mode == "sync"), {})
-    dec, lay = sync.get("decode_s"), sync.get("rollout_layout")
-    modelled = (f"; generation modelled: {dec:.1f} s with {lay} (plan/generation.py) in place of the logged "
-                f"decoding" if lay else "; no rollout layout fits: the logged decoding, scaled")
+    modelled = "; decoding the log's, scaled by the devices"
     lines = [f"trainer modes (a model from measured phases: {p.source}; gen {p.gen_s:.1f} s of which decoding "
              f"{p.decode_s:.1f} s, old log-probs {p.old_log_prob_s:.1f} s, update {p.update_s:.1f} s, other "
              f"{p.other_s:.1f} s, step {p.step_s:.1f} s on {p.devices} devices; mean/longest response {p.tail:.2f}"
