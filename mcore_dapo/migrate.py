@@ -563,19 +563,62 @@ class Plan:
     fits_gib: float
 
 
+ACTOR_OFFLOAD = ("actor_rollout_ref.actor.megatron.param_offload", "actor_rollout_ref.actor.megatron.optimizer_offload")
+GPU_SHARE = "actor_rollout_ref.rollout.gpu_memory_utilization"
+
+
+def script_offload(overrides: list[str]) -> str:
+    """The planner's offload (plan/workload.py OFFLOAD) of the actor's offload settings (verl's defaults: off); the
+    FSDP script's ``fsdp_config`` keys are renamed to these by :data:`RULES` before."""
+    par, opt = (_truthy(value_of(overrides, k)) for k in ACTOR_OFFLOAD)
+    return {(False, False): "none", (False, True): "optimizer", (True, False): "param",
+            (True, True): "param+optimizer"}[(par, opt)]
+
+
+def _fitting(cfg, w):
+    from mcore_dapo.plan import plan
+
+    samples = w.prompts * w.responses_per_prompt
+    ranked = plan(cfg, w)
+    return next((c for c in ranked if c.fits and samples % c.layout.layout.dp(w.world_size) == 0), None)
+
+
+MORE_OFFLOAD = {"none": ("optimizer", "param", "param+optimizer"), "optimizer": ("param+optimizer",),
+                "param": ("param+optimizer",), "param+optimizer": ()}
+MAX_NODES = 16  # how far a script that fits nowhere is searched for the node count it would fit on
+
+
+def what_would_fit(cfg, w) -> str:
+    """What makes a workload that fits nowhere fit: more of the actor's offload on the same devices, else the
+    smallest node count (up to :data:`MAX_NODES`) with the script's own settings."""
+    from dataclasses import replace
+
+    for more in MORE_OFFLOAD[w.offload]:
+        if _fitting(cfg, replace(w, offload=more)) is not None:
+            par, opt = more in ("param", "param+optimizer"), more in ("optimizer", "param+optimizer")
+            return (f"with offload {more} ({ACTOR_OFFLOAD[0].replace('megatron', 'fsdp_config')}={par}, "
+                    f"{ACTOR_OFFLOAD[1].replace('megatron', 'fsdp_config')}={opt}) it fits")
+    for nodes in range(w.nodes + 1, MAX_NODES + 1):
+        if _fitting(cfg, replace(w, nodes=nodes)) is not None:
+            return f"on {nodes} nodes (trainer.nnodes={nodes}) it fits"
+    return (f"neither more offload nor up to {MAX_NODES} nodes makes it fit: lower {GPU_SHARE} or "
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+
+
 def plan_for(overrides: list[str], device: str, model: str | None) -> Plan:
-    """The best fitting layout (and trainer mode) of ``mcore-dapo plan`` for the launch's nodes and device."""
+    """The best fitting layout (and trainer mode) of ``mcore-dapo plan`` for the launch's nodes and device, with the
+    script's own actor offload, vLLM share, micro-batch tokens, lengths and batch."""
     from mcore_dapo.bridge import load_hf_config
-    from mcore_dapo.plan import Workload, get_device, plan
+    from mcore_dapo.plan import Workload, get_device
     from mcore_dapo.plan.modes import GUIDE, project
     from mcore_dapo.plan.planner import verl_overrides
 
-    def num(key, default):
+    def num(key, default, kind=int):
         v = value_of(overrides, key)
         try:
-            return int(str(v).strip("'\"")) if v is not None else default
+            return kind(str(v).strip("'\"")) if v is not None else default
         except ValueError:
-            raise UserError(f"{key}={v} is not accepted: an integer is") from None
+            raise UserError(f"{key}={v} is not accepted: {'an integer' if kind is int else 'a number'} is") from None
 
     nodes, per_node = num("trainer.nnodes", 1), num("trainer.n_gpus_per_node", 8)
     from mcore_dapo.resources import model_path
@@ -585,17 +628,21 @@ def plan_for(overrides: list[str], device: str, model: str | None) -> Plan:
     w = Workload(get_device(device), nodes=nodes, devices_per_node=per_node,
                  max_prompt=num("data.max_prompt_length", 2048), max_response=num("data.max_response_length", 6144),
                  micro_batch_tokens=num("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384),
-                 prompts=num("data.train_batch_size", 32), responses_per_prompt=num("actor_rollout_ref.rollout.n", 16))
-    samples = w.prompts * w.responses_per_prompt
-    ranked = plan(cfg, w)
-    best = next((c for c in ranked if c.fits and samples % c.layout.layout.dp(w.world_size) == 0), None)
+                 prompts=num("data.train_batch_size", 32), responses_per_prompt=num("actor_rollout_ref.rollout.n", 16),
+                 offload=script_offload(overrides), gpu_memory_utilization=num(GPU_SHARE, 0.5, float))
+    command = (f"mcore-dapo plan --model {model_dir} --nodes {nodes} --devices-per-node {per_node} --device {device} "
+               f"--offload {w.offload} --gpu-memory-utilization {w.gpu_memory_utilization} --micro-batch-tokens "
+               f"{w.micro_batch_tokens} --max-prompt {w.max_prompt} --max-response {w.max_response} --prompts "
+               f"{w.prompts} --responses-per-prompt {w.responses_per_prompt}")
+    best = _fitting(cfg, w)
     if best is None:
-        raise UserError(f"no Megatron layout of {model_dir} fits {nodes} x {per_node} {device} devices for this "
-                        "batch (mcore-dapo plan lists why): accepted is a launch on more nodes or devices")
+        raise UserError(f"no Megatron layout of {model_dir} fits {nodes} x {per_node} {device} devices with the "
+                        f"script's offload {w.offload}, {GPU_SHARE}={w.gpu_memory_utilization}, "
+                        f"{w.micro_batch_tokens} tokens a micro-batch and responses up to {w.max_response} ({command} "
+                        f"lists why); accepted is a launch that fits: {what_would_fit(cfg, w)}")
     modes = project(cfg, w, GUIDE, best.time.total_s)
     split = modes[0].detail if modes[0].mode == "separate_async" else {}
     keep = [o for o in verl_overrides(best, w) if LAYOUT_KEY.match(split_override(o)[1])]
-    command = (f"mcore-dapo plan --model {model_dir} --nodes {nodes} --devices-per-node {per_node} --device {device}")
     return Plan(command, best.layout.describe(), keep, MODES[modes[0].mode], split.get("rollout_nodes"),
                 best.peak_gib)
 

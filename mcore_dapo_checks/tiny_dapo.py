@@ -101,6 +101,9 @@ def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = 
     return env
 
 
+WARMUP = 1  # the CPU run's LR warm-up (steps): its first update applies lr 0, the next ones the full rate
+
+
 def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
                 layout: str = "ep2", trainer_mode: str = "sync") -> dict[str, tuple[str, str]]:
     """key -> (the CPU run's value, the kind of change); a key the scripts do not set is added."""
@@ -114,7 +117,7 @@ def cpu_changes(files: dict, workdir: Path, steps: int, lr: float, rollout: str,
         f"{r}.max_num_seqs": (TRAIN_BSZ * N * 3, SIZES),
         f"{r}.max_num_batched_tokens": ((MAX_PROMPT + MAX_RESPONSE) * TRAIN_BSZ * N * 3, SIZES),
         # a model 10^5 times smaller than the real one, trained for a few steps: a larger rate, a shorter warm-up
-        f"{a}.optim.lr": (lr, SIZES), f"{a}.optim.lr_warmup_steps": (1, SIZES),
+        f"{a}.optim.lr": (lr, SIZES), f"{a}.optim.lr_warmup_steps": (WARMUP, SIZES),
         "reward.reward_kwargs.max_resp_len": (MAX_RESPONSE, SIZES),
         "reward.reward_kwargs.overlong_buffer_cfg.len": (OVERLONG, SIZES),
         "trainer.test_freq": (2, SIZES), "trainer.save_freq": (2, SIZES), "trainer.total_training_steps": (steps, SIZES),

@@ -9,6 +9,11 @@ from mcore_dapo.cli.main import run
 @pytest.mark.parametrize("args, line", [
     (["--rollout", "sglang"], "--rollout='sglang' is not accepted: hf_cpu or vllm"),
     (["--steps", "0"], "--steps=0 is not accepted: at least 1"),
+    (["--steps", "1"], "--steps=1 is not accepted: above the run's LR warm-up of 1 step(s) (actor_rollout_ref.actor."
+     "optim.lr_warmup_steps=1: Megatron's OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps), or "
+     "actor_rollout_ref.actor.optim.lr_warmup_steps=0 as an override"),
+    (["--steps", "3", "actor_rollout_ref.actor.optim.lr_warmup_steps=3"], "--steps=3 is not accepted: above the "
+     "run's LR warm-up of 3 step(s)"),
     (["--rollout", "hf_cpu", "--router-replay", "R4"], "--router-replay='R4' is not accepted: accepted are off, R2, R3"),
     (["--rollout", "vllm", "--router-replay", "R3"], "--router-replay R3 with --rollout vllm: R3 replays the rollout's "
      "routed experts, which vLLM's CPU build cannot return (its Model Runner V2 needs Triton); accepted on the CPU "
@@ -22,8 +27,24 @@ from mcore_dapo.cli.main import run
 def test_bad_input_is_one_line(tmp_path, capsys, args, line):
     assert run(["tiny-dapo", "--workdir", str(tmp_path), *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {line}"
+    assert err == f"error: {line}" or (line.endswith("step(s)") and err.startswith(f"error: {line} ("))
     assert not any(tmp_path.iterdir())  # refused before anything was prepared
+
+
+@pytest.mark.parametrize("args", [["--steps", "2"], ["--steps", "1", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"],
+                                  ["--steps", "1", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.5"]])
+def test_steps_past_the_warm_up_are_accepted(tmp_path, args):
+    """The warm-up check refuses only a run that would not outlast it (a ratio: main_dapo's check before Ray)."""
+    import argparse
+
+    from mcore_dapo_checks.cli.tiny_dapo import _validated, add_commands
+    from mcore_dapo_checks.tiny_dapo import WARMUP, cpu_changes
+
+    assert cpu_changes({"model": tmp_path, "train": tmp_path, "val": tmp_path}, tmp_path, 2, 1e-3, "hf_cpu")[
+        "actor_rollout_ref.actor.optim.lr_warmup_steps"][0] == WARMUP
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_commands(sub)
+    _validated(sub.choices["tiny-dapo"].parse_args(["--workdir", str(tmp_path), "--rollout", "hf_cpu", *args]))
 
 
 def test_a_workdir_whose_run_is_finished_is_one_line(tmp_path, capsys):

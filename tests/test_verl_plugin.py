@@ -139,6 +139,61 @@ def test_dry_run_invalid(overrides, message, monkeypatch, capsys):
     assert message in lines[-1] and lines[-1].startswith("error: ")
 
 
+OPTIM = "actor_rollout_ref.actor.optim"
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["trainer.total_training_steps=5"],  # the scripts' warm-up is 10 steps
+     f"{OPTIM}.lr_warmup_steps=10 with trainer.total_training_steps=5: the warm-up does not end within the run's 5 "
+     "scheduler steps (Megatron's OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps, inside a Ray "
+     f"worker); accepted is {OPTIM}.lr_warmup_steps below 5 (or <= 0 with lr_warmup_steps_ratio below 1), or "
+     "trainer.total_training_steps above 10"),
+    (["trainer.total_training_steps=10"], "the warm-up does not end within the run's 10 scheduler steps"),
+    ([f"{OPTIM}.lr_warmup_steps=-1", f"{OPTIM}.lr_warmup_steps_ratio=1.0"],
+     f"{OPTIM}.lr_warmup_steps_ratio=1.0 (with lr_warmup_steps=-1) makes the warm-up as long as the run"),
+    ([f"+{OPTIM}.lr_decay_steps=8"], f"{OPTIM}.lr_warmup_steps=10 with {OPTIM}.lr_decay_steps=8: the warm-up"),
+    (["trainer.total_training_steps=0"], "trainer.total_training_steps=0 leaves the LR schedule no step"),
+])
+def test_a_warm_up_the_run_does_not_outlast_is_one_line_before_ray(overrides, line, monkeypatch, capsys):
+    """Megatron's scheduler asserts warm-up < decay steps in every Ray worker: the dry run refuses it where the
+    run's length is known before Ray (trainer.total_training_steps, optim.lr_decay_steps, a ratio of 1 or more)."""
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", *overrides)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-2000:]
+    assert p.stderr.startswith("error: ") and line in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("overrides", [["trainer.total_training_steps=11"], [],  # the scripts': epochs, no total
+                                       [f"{OPTIM}.lr_warmup_steps=0", "trainer.total_training_steps=1"]])
+def test_a_warm_up_that_ends_within_the_run_passes(overrides, monkeypatch, capsys):
+    p = dry_run_here(monkeypatch, capsys, "dapo_qwen3_30b_h100.sh", *overrides)
+    assert p.returncode == 0, p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trainer, optim, horizon", [
+    ({"total_training_steps": 3, "v1": {"separate_async": {"parameter_sync_step": 4}}}, {"lr_warmup_steps": 10}, 12),
+    ({"total_training_steps": 3, "use_v1": False, "v1": {"separate_async": {"parameter_sync_step": 4}}},
+     {"lr_warmup_steps": 10}, None),  # verl's legacy trainer: one scheduler step a training step
+    ({"total_training_steps": 4}, {"lr_warmup_steps": -1, "lr_warmup_steps_ratio": 0.5}, 4),
+    ({"total_training_steps": None}, {"lr_warmup_steps": 10**6}, "unknown"),  # epochs x data: known inside Ray
+    ({"total_training_steps": 2}, {"lr_warmup_steps": 10, "lr_decay_steps": 20}, 20),  # verl's horizon
+])
+def test_the_schedule_horizon_is_verls(trainer, optim, horizon):
+    """verl's v1 trainer counts parameter_sync_step scheduler steps a training step (verl/trainer/ppo/v1/
+    trainer_base.py); lr_decay_steps, when set, is the horizon (verl/utils/megatron/optimizer.py)."""
+    from omegaconf import OmegaConf
+
+    from mcore_dapo.errors import UserError
+    from mcore_dapo.verl_plugin.config_checks import check_lr_schedule
+
+    c = OmegaConf.create({"trainer": trainer, "actor_rollout_ref": {"actor": {"optim": {
+        "lr_warmup_steps_ratio": 0.0, "lr_decay_steps": None, **optim}}}})
+    if horizon is None:
+        with pytest.raises(UserError, match="trainer.total_training_steps=3: the warm-up"):
+            check_lr_schedule(c, "separate_async")
+    else:
+        assert check_lr_schedule(c, "separate_async") == (None if horizon == "unknown" else horizon)
+
+
 def test_dry_run_takes_the_guides_dropouts_and_verls_router_freeze(monkeypatch, capsys, tmp_path):
     # the guide's FSDP script sets three HF dropouts (to 0); on the Megatron path they become TransformerConfig's.
     # The bridge's own dropouts are 0 too, so values other than 0 show that the keys reach it: the engine's

@@ -165,7 +165,7 @@ def add_commands(sub) -> None:
                    help="prompts generated per step, data.gen_batch_size (the guide's 3 x train_batch_size)")
     p.add_argument("--mean-tokens", type=int, default=None, help="mean sample length (default: the maxima)")
     p.add_argument("--recompute", default="full", help="full, selective or none")
-    p.add_argument("--offload", default="none", help="none, optimizer or param+optimizer")
+    p.add_argument("--offload", default="none", help="none, optimizer, param or param+optimizer")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
     p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
     p.add_argument("--phases", default=None, metavar="LOG",

@@ -3,7 +3,7 @@
 Two phases share each device (verl's hybrid engine):
 
 * rollout: vLLM holds ``gpu_memory_utilization x HBM``; the actor keeps what is not offloaded
-  (``none``: weights, gradients, optimizer; ``optimizer``: weights and gradients;
+  (``none``: weights, gradients, optimizer; ``optimizer``: weights and gradients; ``param``: the optimizer;
   ``param+optimizer``: nothing, verl's param/grad/optimizer offload);
 * update: vLLM sleeps (KV cache freed, weights offloaded); the actor holds bf16 weights,
   the fp32 gradient buffer, the distributed optimizer's fp32 master weights and Adam moments
@@ -136,7 +136,8 @@ def stage_memory(cfg: HFModelConfig, pl: PlanLayout, w: Workload, stage: int, rp
     if cfg.is_moe and layers:
         dispatch = 2 * tokens * cfg.num_experts_per_tok * MOE_IMBALANCE / lay.tp * 2 * cfg.hidden_size
     replay = replay_bytes(cfg, tokens)
-    resident = {"none": params + grads + optimizer, "optimizer": params + grads, "param+optimizer": 0.0}[w.offload]
+    resident = {"none": params + grads + optimizer, "optimizer": params + grads, "param": optimizer,
+                "param+optimizer": 0.0}[w.offload]
     oh = OVERHEAD_GIB * GIB
     update = params + grads + optimizer + acts + logits + dispatch + replay + oh
     rollout = resident + oh + w.gpu_memory_utilization * w.device.hbm_gib * GIB

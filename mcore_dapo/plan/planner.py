@@ -112,7 +112,7 @@ def verl_overrides(c: Candidate, w: Workload) -> list[str]:
     elif w.recompute == "selective":
         out.append(f"{tc}.recompute_granularity=selective")
     opt = w.offload in ("optimizer", "param+optimizer")
-    par = w.offload == "param+optimizer"
+    par = w.offload in ("param", "param+optimizer")
     out += [
         f"actor_rollout_ref.actor.megatron.param_offload={par}",
         f"actor_rollout_ref.actor.megatron.optimizer_offload={opt}",

@@ -8,7 +8,7 @@ from mcore_dapo.errors import UserError
 from mcore_dapo.plan.hardware import DeviceSpec
 
 RECOMPUTE = ("full", "selective", "none")
-OFFLOAD = ("none", "optimizer", "param+optimizer")
+OFFLOAD = ("none", "optimizer", "param", "param+optimizer")  # verl's param_offload also frees the gradients
 
 
 @dataclass(frozen=True)

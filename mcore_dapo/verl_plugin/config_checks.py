@@ -137,6 +137,7 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     mode = check_async(c)
     rollout = check_rollout_layout(c, cfg, world, mode)
     graph = check_rollout_graph(c)
+    check_lr_schedule(c, mode)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
              **rollout, "rollout_graph": graph,
              "device": str(c.trainer.get("device") or ""), "router_replay": replay, "trainer_mode": mode}
@@ -147,6 +148,59 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
         except UserError as e:
             sizes["refused_here"] = str(e)
     return sizes
+
+
+OPTIM = "actor_rollout_ref.actor.optim"
+
+
+def check_lr_schedule(c, mode: str) -> int | None:
+    """The LR warm-up must end before the schedule's last step, as Megatron's ``OptimizerParamScheduler``
+    asserts (``lr_warmup_steps < lr_decay_steps``) in every trainer worker. The horizon is verl's
+    (verl/utils/megatron/optimizer.py): ``optim.lr_decay_steps``, else ``optim.total_training_steps``, which
+    verl's v1 trainer sets to ``trainer.total_training_steps`` (when given) x the mode's
+    ``parameter_sync_step`` (verl/trainer/ppo/v1/trainer_base.py); the warm-up is ``lr_warmup_steps``, or
+    ``int(lr_warmup_steps_ratio x horizon)`` when that is unset or <= 0. Without ``lr_decay_steps`` and
+    ``trainer.total_training_steps`` the horizon is ``len(dataset) // train_batch_size x total_epochs``, known
+    only once verl has loaded and filtered the data inside Ray: then only a ratio of 1 or more is refused.
+    Returns the horizon, None where unknown."""
+    optim, trainer = c.actor_rollout_ref.actor.optim, c.trainer
+    decay, total = optim.get("lr_decay_steps"), trainer.get("total_training_steps")
+    warmup, ratio = optim.get("lr_warmup_steps"), optim.get("lr_warmup_steps_ratio")
+    from_ratio = ratio is not None and (warmup is None or int(warmup) <= 0)
+    sync = 1
+    if bool(trainer.get("use_v1", True)):
+        sync = int(trainer.get("v1", {}).get(mode, {}).get("parameter_sync_step", 1) or 1)
+    if decay is not None:
+        horizon, named = int(decay), f"{OPTIM}.lr_decay_steps={decay}"
+        fix = f"{OPTIM}.lr_decay_steps above {{w}}"
+    elif total is not None:
+        horizon = int(total) * sync
+        named = f"trainer.total_training_steps={total}" + (
+            f" x trainer.v1.{mode}.parameter_sync_step={sync}" if sync > 1 else "")
+        fix = "trainer.total_training_steps above {t}"
+    else:
+        horizon = None
+    if from_ratio and float(ratio) >= 1:
+        raise UserError(f"{OPTIM}.lr_warmup_steps_ratio={ratio} (with lr_warmup_steps={warmup}) makes the warm-up "
+                        "as long as the run: Megatron's OptimizerParamScheduler asserts lr_warmup_steps < "
+                        "lr_decay_steps; accepted is a ratio below 1")
+    if horizon is None:
+        return None
+    if horizon < 1:
+        raise UserError(f"{named} leaves the LR schedule no step (Megatron's OptimizerParamScheduler asserts "
+                        "lr_decay_steps > 0); accepted is at least 1")
+    steps = int(float(ratio) * horizon) if from_ratio else (-1 if warmup is None else int(warmup))
+    if steps < horizon:
+        return horizon
+    what = (f"{OPTIM}.lr_warmup_steps_ratio={ratio} (int({ratio} x {horizon}) = {steps} warm-up steps, "
+            f"lr_warmup_steps={warmup})" if from_ratio else f"{OPTIM}.lr_warmup_steps={warmup}")
+    accepted = f"accepted is {OPTIM}.lr_warmup_steps below {horizon}"
+    if not from_ratio:
+        accepted += " (or <= 0 with lr_warmup_steps_ratio below 1)"
+        accepted += ", or " + fix.format(w=steps, t=steps // sync)
+    raise UserError(f"{what} with {named}: the warm-up does not end within the run's {horizon} scheduler steps "
+                    f"(Megatron's OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps, inside a Ray "
+                    f"worker); {accepted}")
 
 
 def check_router_replay(c, cfg) -> str:

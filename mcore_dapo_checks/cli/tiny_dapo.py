@@ -56,6 +56,11 @@ def _validated(a) -> None:
         raise accepted("--rollout", a.rollout, " or ".join(ROLLOUTS))
     if a.steps < 1:
         raise accepted("--steps", a.steps, "at least 1")
+    warmup = _warmup(a.overrides)
+    if warmup is not None and a.steps <= warmup:  # Megatron's scheduler asserts it in every trainer worker
+        raise accepted("--steps", a.steps, f"above the run's LR warm-up of {warmup} step(s) ({WARMUP_KEY}="
+                       f"{warmup}: Megatron's OptimizerParamScheduler asserts lr_warmup_steps < lr_decay_steps), "
+                       f"or {WARMUP_KEY}=0 as an override")
     if a.timeout <= 0:
         raise accepted("--timeout", a.timeout, "a positive number of seconds")
     if not a.lr > 0:
@@ -91,6 +96,25 @@ def _validated(a) -> None:
         from mcore_dapo.resharding.vllm_target import require_vllm
 
         require_vllm()
+
+
+WARMUP_KEY = "actor_rollout_ref.actor.optim.lr_warmup_steps"
+
+
+def _warmup(overrides) -> int | None:
+    """The run's warm-up in steps: an override's, else the CPU run's own; None where the overrides set it by
+    ratio or decay steps (main_dapo's check of the composed config refuses those in one line before Ray)."""
+    from mcore_dapo.migrate import value_of
+    from mcore_dapo_checks.tiny_dapo import WARMUP
+
+    optim = WARMUP_KEY.rpartition(".")[0]
+    if any(value_of(overrides, f"{optim}.{k}") is not None for k in ("lr_warmup_steps_ratio", "lr_decay_steps")):
+        return None
+    value = value_of(overrides, WARMUP_KEY)
+    try:
+        return WARMUP if value is None else int(value)
+    except ValueError:
+        return None  # Hydra refuses it
 
 
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker of the last complete checkpoint
