@@ -106,6 +106,9 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     optimizer = engine.optimizer
     step_fn, own = optimizer.step, "step" in vars(optimizer)
 
+    parts: dict[str, float] = {}
+    read_parts = PartGradNorms(engine.module, optimizer, parts)
+
     def step_after_reading_router_grads(*args, **kwargs):
         routers.update(router_grad_norms(engine.module))  # reduced, not yet clipped
         lrs.append(float(optimizer.param_groups[0]["lr"]))  # what this step applies (the scheduler moves after it)
@@ -120,7 +123,8 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     if probe is not None:
         probe.keep(True)
     try:
-        out = train_batch(data, loss_function)
+        with read_parts:
+            out = train_batch(data, loss_function)
         if probe is not None:
             engine_routes = probe.kept_routes()
     finally:
@@ -137,7 +141,7 @@ def audited_train_batch(engine, train_batch, data, loss_function):
 
     torch.save({"batch": batch, "dp_rank": ps.get_data_parallel_rank(), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None, "lrs": lrs,
-                "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers,
+                "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers, "part_grad_norms": parts,
                 "engine_routes": engine_routes}, folder / f"rank{rank:03d}.pt")
     return out
 
@@ -186,6 +190,107 @@ def router_grad_norms(chunks) -> dict[int, float]:
         if g is not None:
             out[int(number)] = float(g.detach().float().norm())
     return out
+
+
+# the parts of the model whose gradient norms the audit compares with the reference's, by Megatron's parameter names
+# (the reference's by HF names: mcore_dapo_checks.audit_reference.hf_part); the first pattern that matches wins
+MEGATRON_PARTS = (
+    ("embeddings", r"embedding\.word_embeddings\."),
+    ("output layer", r"output_layer\."),
+    ("norms", r"(layernorm|layer_norm|final_norm)"),
+    ("routers", r"\.mlp\.router\."),
+    ("shared experts", r"\.mlp\.shared_experts?\."),
+    ("experts", r"\.mlp\.experts\."),
+    ("attention", r"\.self_attention\."),
+    ("dense mlp", r"\.mlp\."),
+)
+
+
+def megatron_part(name: str) -> str:
+    import re
+
+    for part, pattern in MEGATRON_PARTS:
+        if re.search(pattern, name):
+            return part
+    raise ValueError(f"{name}: no part of the audit's MEGATRON_PARTS matches this Megatron parameter")
+
+
+class PartGradNorms:
+    """The gradient norm of each part of the model (:data:`MEGATRON_PARTS`), read from the very gradients Megatron's
+    optimizer counts in its grad norm: while active, each (sub-)optimizer's ``get_main_grads_for_grad_norm`` (called
+    by Megatron after the model's reduced gradients are copied to its main parameters, before clipping) also sums
+    the squares of those gradients by part, its main parameters named through the model parameters they shard, and
+    reduces them over the optimizer's grad-stats group as Megatron reduces its norm. Their root-sum-square is the grad
+    norm verl reports (the audit checks it)."""
+
+    def __init__(self, chunks, optimizer, out: dict):
+        self.subs = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+        self.names = {id(p): n for c in chunks for n, p in c.named_parameters()}
+        self.out = out
+        self.sums: dict[str, float] = {}
+
+    def _model_params(self, sub) -> dict[int, torch.nn.Parameter]:
+        """The model parameter of each main parameter (by id): the distributed optimizer's shards, or the mixed
+        precision optimizer's fp32 copies, group by group beside their model parameters."""
+        pairs = [("model_float16_groups", "shard_fp32_from_float16_groups"), ("model_fp32_groups", "shard_fp32_groups"),
+                 ("float16_groups", "fp32_from_float16_groups"), ("fp32_from_fp32_groups", "fp32_from_fp32_groups")]
+        out = {}
+        for model_name, main_name in pairs:
+            for model_group, main_group in zip(getattr(sub, model_name, []) or [], getattr(sub, main_name, []) or []):
+                for model_p, main_p in zip(model_group, main_group):
+                    out[id(main_p)] = model_p
+        return out
+
+    def _reading(self, sub, original):
+        def get_main_grads_for_grad_norm():
+            grads = original()
+            if id(sub) in self.done:
+                return grads
+            self.done.add(id(sub))
+            import torch.distributed as dist
+
+            from mcore_dapo.devices import get_adapter
+
+            model = self._model_params(sub)
+            chosen = {id(g) for g in grads}
+            sums = {part: 0.0 for part, _ in MEGATRON_PARTS}
+            for p in sub.get_parameters():
+                g = p.grad
+                if g is None or id(g) not in chosen:
+                    continue
+                name = self.names.get(id(model.get(id(p), p)))
+                if name is None:
+                    raise ValueError("a gradient Megatron counts belongs to no named model parameter")
+                sums[megatron_part(name)] += float(g.detach().float().pow(2).sum())
+            names = list(sums)
+            t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=get_adapter().local_device())
+            dist.all_reduce(t, group=sub.get_grad_stats_parallel_group())
+            for n, v in zip(names, t.tolist()):
+                self.sums[n] = self.sums.get(n, 0.0) + float(v)
+            self.out.clear()
+            self.out.update({n: v ** 0.5 for n, v in self.sums.items()
+                             if v > 0 or n not in ("shared experts", "dense mlp")})
+            return grads
+
+        return get_main_grads_for_grad_norm
+
+    def __enter__(self):
+        self.done: set[int] = set()
+        self.originals = []
+        for sub in self.subs:
+            own = "get_main_grads_for_grad_norm" in vars(sub)
+            original = sub.get_main_grads_for_grad_norm
+            self.originals.append((sub, own, original))
+            sub.get_main_grads_for_grad_norm = self._reading(sub, original)
+        return self
+
+    def __exit__(self, *exc):
+        for sub, own, original in self.originals:
+            if own:
+                sub.get_main_grads_for_grad_norm = original
+            else:
+                del sub.get_main_grads_for_grad_norm
+        return False
 
 
 def checkpoint_state(engine, kind: str, step) -> None:

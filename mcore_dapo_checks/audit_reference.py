@@ -21,6 +21,38 @@ import torch
 from mcore_dapo_checks.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES
 
 
+# the HF model's parameters by part, as :data:`mcore_dapo_checks.audit.MEGATRON_PARTS` names the engine's; the first
+# pattern that matches wins
+HF_PARTS = (
+    ("embeddings", r"embed_tokens\."),
+    ("output layer", r"lm_head\."),
+    ("norms", r"norm\."),
+    ("routers", r"\.mlp\.gate\."),
+    ("shared experts", r"\.mlp\.shared_expert"),
+    ("experts", r"\.mlp\.experts\."),
+    ("attention", r"\.self_attn\."),
+    ("dense mlp", r"\.mlp\."),
+)
+
+
+def hf_part(name: str) -> str:
+    import re
+
+    for part, pattern in HF_PARTS:
+        if re.search(pattern, name):
+            return part
+    raise ValueError(f"{name}: no part of HF_PARTS matches this HF parameter")
+
+
+def part_norms(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """The norm of each part (:func:`hf_part`) over ``tensors`` by HF name."""
+    sq: dict[str, float] = {}
+    for n, t in tensors.items():
+        part = hf_part(n)
+        sq[part] = sq.get(part, 0.0) + float((t.float() ** 2).sum())
+    return {k: math.sqrt(v) for k, v in sq.items()}
+
+
 class ForcedRoutes:
     """Forward hooks on an HF Qwen3-MoE model's routers: the top-k experts of the first ``len(routes)``
     tokens are those of ``routes`` (``[tokens, MoE layers, top_k]``); their weights are the router's
@@ -28,11 +60,16 @@ class ForcedRoutes:
     replay (top-k indices replaced, probabilities from the router's own scores). Later tokens (the
     one a rollout never fed back) keep their own routing. ``routes=None``: no forcing."""
 
-    def __init__(self, model):
+    def __init__(self, model, bias: tuple[int, float] | None = None):
         from mcore_dapo.verl_cpu.rollout import moe_gates
 
         self.gates = moe_gates(model)
         self.routes = None
+        self.sequence = 0  # which sequence the next forward is (its router logits are kept by (sequence, layer))
+        self.logits: dict[tuple[int, int], torch.Tensor] = {}
+        # (sequence, layer) -> (token indices, forced routes) where the forced experts are not the router's own
+        self.differ: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.bias = bias  # a mutation: the routes forced are the router's own top-k with one expert's logit raised
         self.same = self.total = 0  # forced (token, layer) pairs whose experts the router would have chosen itself
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
 
@@ -45,9 +82,17 @@ class ForcedRoutes:
                 raise ValueError(f"routes for {self.routes.shape[1]} layers, the model has {len(self.gates)} MoE layers")
             n = min(self.routes.shape[0], indices.shape[0])
             forced = self.routes[:n, layer].to(indices.device, indices.dtype)
-            same = torch.sort(indices[:n], dim=-1).values == torch.sort(forced, dim=-1).values
-            self.same += int(same.all(-1).sum())
+            if self.bias is not None:
+                expert, raise_by = self.bias
+                biased = logits[:n].detach().float().clone()
+                biased[:, expert] += raise_by
+                forced = biased.topk(indices.shape[-1], dim=-1).indices.to(indices.dtype)
+            same = (torch.sort(indices[:n], dim=-1).values == torch.sort(forced, dim=-1).values).all(-1)
+            self.same += int(same.sum())
             self.total += n
+            self.logits[(self.sequence, layer)] = logits[:n].detach().float()
+            if not bool(same.all()):
+                self.differ[(self.sequence, layer)] = ((~same).nonzero().squeeze(-1), forced[~same])
             indices = indices.clone()
             indices[:n] = forced
             probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)
@@ -67,7 +112,8 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
                    grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
-                   rollout_log_prob_shift: float = 0.0, sequences: bool = True) -> dict:
+                   rollout_log_prob_shift: float = 0.0,
+                   routing: dict | None = None, route_bias: tuple[int, float] | None = None) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo_checks.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). Mutations the checks must
@@ -76,7 +122,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     ``rollout_log_prob_shift``, the rollout's log-probs moved by that much before the importance weights are
     recomputed from them. ``dtype``:
     the HF model's (``torch.bfloat16`` shows how far bf16 rounding alone moves the loss and the gradient).
-    ``sequences=False``: without ``reference_sequences_grad_norm_sum`` (a backward pass per sequence)."""
+    ``routing``: filled with the routers' logits by (sequence, layer) and the (token, layer) pairs whose forced routes
+    are not the router's own (:func:`near_ties`). ``route_bias=(expert, raise)``, a mutation: the routes forced are
+    the reference router's own top-k with that expert's logit raised (an engine whose router had a per-expert bias)."""
     from transformers import AutoModelForCausalLM
 
     from mcore_dapo_checks.verl_dapo import actor_config
@@ -106,16 +154,17 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
                                                  attn_implementation="eager").train()
     if routes is not None and routes_offset:  # a mutation: every token routed to other experts
         routes = [(r + routes_offset) % model.config.num_experts for r in routes]
-    forced = ForcedRoutes(model)
+    forced = ForcedRoutes(model, route_bias)
     new = torch.zeros_like(old)
-    pieces = []  # each sequence's response log-probs, with its own graph
     for i, s in enumerate(seqs):
         r, n = int(mask[i].sum()), s.shape[0]
         forced.routes = None if routes is None else routes[i]
+        forced.sequence = i
         logits = model(input_ids=s[None]).logits[0].float()
-        pieces.append(torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1))
-        new[i, :r] = pieces[-1]
+        new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
     forced.close()
+    if routing is not None:
+        routing.update(logits=forced.logits, differ=forced.differ)
     valid = mask > 0
     # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
     # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
@@ -175,25 +224,16 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     # old-log-prob pass): the aggregation (token-mean denominator, weights, advantages, KL) apart from the reference's
     # rounding
     checks["loss_at_engine_log_probs"] = float(token_mean_loss(slice(None), old)[0])
-    # the sum over sequences of each sequence's gradient norm: the largest the batch's gradient norm can be, reached
-    # when no sequence's gradient cancels another's. Rounding that moves each sequence's gradient by a share of its
-    # norm moves the batch's gradient by at most that share of this sum, which can be far above the batch's norm
-    # where the sequences' gradients cancel (a group's answers alike, their advantages summing to 0)
-    params = [p for p in model.parameters() if p.requires_grad]
-    sequences_norm = 0.0
-    for i, piece in enumerate(pieces if sequences else ()):
-        row = torch.cat([piece, piece.new_zeros(new.shape[1] - piece.shape[0])])[None]
-        share, _ = token_mean_loss(slice(i, i + 1), row)
-        g = torch.autograd.grad(share, params, retain_graph=True, allow_unused=True)
-        sequences_norm += math.sqrt(float(sum((t.float() ** 2).sum() for t in g if t is not None)))
-    if sequences:
-        checks["reference_sequences_grad_norm_sum"] = sequences_norm
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
         grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
     norm = float(torch.sqrt(sum((p.grad.float() ** 2).sum() for p in model.parameters() if p.grad is not None)))
     routers = [float(g.weight.grad.float().norm()) for g in forced.gates]  # MoE layers in order, as the engine
+    engine_parts = next((p["part_grad_norms"] for p in parts if p.get("part_grad_norms")), None)
     return {"step": folder.name, "engine_grad_norm": engine_norm, "reference_grad_norm": norm, "engine_loss": engine_loss,
+            "engine_part_grad_norms": engine_parts,
+            "reference_part_grad_norms": part_norms({n: p.grad for n, p in model.named_parameters()
+                                                     if p.grad is not None}),
             "engine_router_grad_norms": _by_layer(engine_routers), "reference_router_grad_norms": routers,
             "reference_loss": float(loss.detach()), "sequences": len(seqs), "tokens": int(mask.sum()), **checks,
             "forced_routes": None if routes is None else [list(r.shape) for r in routes],
@@ -451,6 +491,28 @@ def planned_update(step: Path, part: dict, cache: dict | None = None) -> dict:
             "optimizer_failures": optimizer_failures(expected, engine, lr, part["lr"])}
 
 
+def near_ties(fp32: dict, bf16: dict) -> dict:
+    """How close to a tie each (token, layer) is whose forced routes are not the fp32 router's own choice.
+    ``gap``: what the router's logits would have to move by for the forced experts to be its top-k, the largest
+    logit among its own choices left out less the smallest among the forced experts it did not choose (> 0);
+    ``shift``: how far bf16 rounding moved that token's router logits, the largest difference over the experts
+    between the bf16 model's logits (the same inputs and routes, :func:`reference`'s second pass) and the fp32
+    model's. ``routes_tie_ratio_max`` is the largest gap / shift: a route that bf16 rounding can flip has a ratio of a
+    few (each of the two logits moved by about the shift); a route chosen by anything else (a biased router, another
+    expert's index) is not a near-tie and has a large one."""
+    ratios = []
+    for key, (tokens, forced) in fp32["differ"].items():
+        l32, l16 = fp32["logits"][key][tokens], bf16["logits"][key][tokens]
+        k = forced.shape[-1]
+        own = l32.topk(k, dim=-1).indices
+        shift = (l16 - l32).abs().max(-1).values
+        for t in range(len(tokens)):
+            chosen, wanted = set(own[t].tolist()), set(forced[t].tolist())
+            gap = max(float(l32[t, j]) for j in chosen - wanted) - min(float(l32[t, j]) for j in wanted - chosen)
+            ratios.append(max(gap, 0.0) / max(float(shift[t]), 1e-12))
+    return {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0)}
+
+
 def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: dict | None = None,
               rounding: bool = True) -> list[dict]:
     """Every audited step recomputed, and the optimizer step chained over them (:class:`ReferenceAdam`):
@@ -472,14 +534,19 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
         if not any(f.glob("rank*.pt")):
             continue
         grads: dict = {}
-        r = reference_step(f, dtype=dtype, grads=grads, settings=settings)
+        routing: dict = {}
+        r = reference_step(f, dtype=dtype, grads=grads, settings=settings, routing=routing)
         grads_bf16: dict | None = None
         if rounding:
-            grads_bf16 = {}
-            r16 = reference_step(f, dtype=torch.bfloat16, grads=grads_bf16, settings=settings, sequences=False)
+            grads_bf16, routing_bf16 = {}, {}
+            r16 = reference_step(f, dtype=torch.bfloat16, grads=grads_bf16, settings=settings,
+                                 routing=routing_bf16)
+            if r["forced_routes"]:
+                r.update(near_ties(routing, routing_bf16))
             r["reference_bf16_grad_norm"] = r16["reference_grad_norm"]
             r["reference_bf16_grad_diff"] = math.sqrt(sum(float(((g - grads_bf16[n]) ** 2).sum())
                                                           for n, g in grads.items()))
+            r["reference_bf16_part_grad_diff"] = part_norms({n: g - grads_bf16[n] for n, g in grads.items()})
         if (f / "hf-after").is_dir():
             part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
             planned = planned_update(f, part, composed)
@@ -510,7 +577,7 @@ def grad_parts(folder: Path) -> dict:
     out = {"step": folder.name}
     for dtype in (torch.float32, torch.bfloat16):
         grads: dict = {}
-        r = reference_step(folder, dtype=dtype, grads=grads, settings=settings, sequences=False)
+        r = reference_step(folder, dtype=dtype, grads=grads, settings=settings)
         parts: dict[str, float] = {}
         for name, g in grads.items():
             m = re.match(r"model\.layers\.(\d+)\.", name)

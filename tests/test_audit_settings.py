@@ -216,25 +216,6 @@ def test_the_weights_alone_cannot_tell_weight_decay_or_clip_in_four_updates(upda
     assert _audit_bounds_reject(_chain(model, grads, launch, [2 * x for x in ENGINE_LRS]), ref, ENGINE_LRS)
 
 
-def test_a_gradient_scaled_by_two_fails_the_grad_norm_bound(updates):
-    pytest.importorskip("transfer_queue")  # test_verl_trainer's own condition
-    from test_verl_trainer import GRAD_NORM_ABS, GRAD_NORM_REL
-
-    def rejected(engine: float, ref: float) -> bool:  # test_verl_trainer's comparison, negated
-        return not abs(engine - ref) <= GRAD_NORM_REL * ref + GRAD_NORM_ABS
-
-    _, grads = updates
-    ref = _norm(grads[0])
-    assert not rejected(_norm(grads[0]), ref)
-    assert rejected(_norm({k: 2 * t for k, t in grads[0].items()}), ref)
-    # the same gradient scaled to the smallest norm test_verl_trainer.py's comment reports (2e-2): x2 still rejected; below
-    # GRAD_NORM_ABS / (1 - GRAD_NORM_REL) (~5e-3) a factor 2 is within the bound's absolute part
-    small = {k: t * (2e-2 / ref) for k, t in grads[0].items()}
-    assert rejected(2 * _norm(small), _norm(small))
-    tiny = {k: t * (4e-3 / ref) for k, t in grads[0].items()}
-    assert not rejected(2 * _norm(tiny), _norm(tiny))
-
-
 def test_an_audited_update_is_planned_from_its_launch(tmp_path, launch):
     from omegaconf import OmegaConf
 

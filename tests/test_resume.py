@@ -87,7 +87,7 @@ def test_tiny_dapo_reports_the_resumed_run_by_its_global_steps(resumed):
 
 
 def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_trainer_run):
-    from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, LOSS_AGGREGATION_ABS, grad_norm_bound
+    from test_verl_trainer import BEYOND_PER_UPDATE, HALF_SPACING, LOSS_ABS, LOSS_AGGREGATION_ABS, check_parts
 
     from mcore_dapo_checks.resume import KILL_STEP
 
@@ -107,9 +107,9 @@ def test_the_resumed_steps_continue_the_uninterrupted_computation(resumed, dapo_
         updates += a["lr"] > 0
         assert abs(a["engine_loss"] - a["loss_at_engine_log_probs"]) < LOSS_AGGREGATION_ABS, (step, a)
         assert a["engine_loss"] == pytest.approx(a["reference_loss"], abs=LOSS_ABS), (step, a)
-        assert abs(a["engine_grad_norm"] - a["reference_grad_norm"]) <= grad_norm_bound(a), (step, a)
         assert a["weights_beyond_one_step"] <= BEYOND_PER_UPDATE * updates, (step, a)
         assert a["weights_max_abs_diff"] < 2.5 * lr_sum + HALF_SPACING, (step, a)
+    check_parts(chained)  # each part's gradient against the chained reference's
     # the control: the resumed run's first update against a reference whose Adam starts there (fresh moments and
     # step, as a resume without the optimizer state would run) is far further off than against the chained one
     own = resumed["resumed"]["audit"][0]
