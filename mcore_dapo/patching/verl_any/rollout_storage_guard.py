@@ -75,10 +75,11 @@ def _hook():
     spec = os.environ.get(HOOK_ENV, "")
     if not spec:
         return None
-    from mcore_dapo.verl_plugin.registrations import load
+    import importlib
 
+    module, _, name = spec.partition(":")
     try:
-        return load(spec)
+        return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError):
         from mcore_dapo.errors import UserError
 
