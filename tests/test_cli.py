@@ -38,10 +38,12 @@ def test_env_json_lists_versions_and_patches():
 def test_env_for_another_device_lists_its_patches():
     out = cli("env", "--json", "--device", "cuda")
     # the router fix for a CUDA node without Transformer Engine (left alone where TE defines the gemm),
-    # numpy 2's np.product for megatron-core before 0.16 and verl 0.9.1's separate_async log call (every device)
+    # numpy 2's np.product for megatron-core before 0.16, verl 0.9.1's separate_async log call and the storage guard
+    # of weight syncs into vLLM (every device)
     assert out.returncode == 0, out.stderr
     patches = {p["id"]: p["applies"] for p in json.loads(out.stdout)["patches"]}
-    assert set(patches) == {"megatron.router-gemm-without-te", "megatron.numpy2-product", "verl.any.separate-async-logger"}
+    assert set(patches) == {"megatron.router-gemm-without-te", "megatron.numpy2-product", "verl.any.separate-async-logger",
+                            "verl.any.rollout-storage-guard"}
 
 
 @pytest.mark.parametrize("args,message", [
