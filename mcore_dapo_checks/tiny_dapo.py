@@ -361,16 +361,22 @@ def run_bounded(cmd: list[str], workdir: Path, env: dict, timeout: float, steps:
 
 
 def per_step(result: dict) -> list[dict]:
-    """Per step: verl's score, the engine's grad norm, the audit's HF grad norm, verl's rollout-vs-actor max |dp|."""
+    """Per step: verl's score, the engine's grad norm, the audit's HF grad norm and verdict, verl's rollout-vs-actor
+    max |dp|."""
     from mcore_dapo.metrics.plot import validation_accuracy_key
 
     records = read_metrics(Path(result["metrics_log"]))
     rows = [r["data"] for r in records]
     val = validation_accuracy_key({"run": dict(enumerate(rows))})
     audit = result.get("audit") or []
+    from mcore_dapo_checks.audit_verdict import verdicts
+
+    judged = verdicts(audit) if audit else []
     # the global step verl logged (a resumed run's first step is the checkpoint's plus one), not the line's number
     return [{"step": int(records[i].get("step", i + 1)), "score": m.get("critic/score/mean"), "grad_norm": m.get("actor/grad_norm"),
              "reference_grad_norm": audit[i]["reference_grad_norm"] if i < len(audit) else None,
+             # the checks the audited update fails (mcore_dapo_checks.audit_verdict, as the tests judge it)
+             "audit_misses": judged[i] if i < len(judged) else None,
              "evicted": m.get("training/filter_groups/evicted_samples", 0),
              "rollout_vs_actor": m.get("training/rollout_probs_diff_max"),
              "routing_agreement": m.get("actor/routing/rollout_agreement"), "seconds": m.get("timing_s/step"),

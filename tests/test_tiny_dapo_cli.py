@@ -139,3 +139,30 @@ def test_one_entry_point(tmp_path, capsys):
     assert main(["--workdir", str(tmp_path), "use_kl_loss"]) == 2
     assert capsys.readouterr().err.strip() == "error: override='use_kl_loss' is not accepted: key=value, +key=value or ~key (Hydra)"
     assert not any(tmp_path.iterdir())
+
+
+def test_an_audited_run_fails_when_an_update_misses_the_audit(tmp_path):
+    # the run's summary judges every audited update as the suite does (mcore_dapo_checks.audit_verdict): an update
+    # whose experts' gradient norm is twice the reference's at a part bound far below that fails the run
+    import json
+
+    from mcore_dapo_checks.cli.tiny_dapo import report
+
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "data": {"critic/score/mean": 0.5, "actor/grad_norm": 0.5}}) + "\n")
+    update = {"step": "step-0000", "optimizer_source": "launch", "optimizer_failures": [], "engine_loss": 0.01,
+              "loss_at_engine_log_probs": 0.01, "reference_loss": 0.0101, "forced_routes": [[5, 4, 2]],
+              "routes_native_agreement": 1.0, "routes_tie_ratio_max": 0.0, "engine_grad_norm": 0.5,
+              "reference_grad_norm": 0.5, "engine_part_grad_norms": {"experts": 0.3, "output layer": 0.4},
+              "reference_part_grad_norms": {"experts": 0.3, "output layer": 0.4},
+              "reference_bf16_part_grad_diff": {"experts": 0.001, "output layer": 0.001},
+              "logprob_max_scaled_diff": 0.01, "lr": 0.0, "weights_beyond_one_step": 0.0, "weights_max_abs_diff": 0.0,
+              "weights_moved": 0.0}
+    run = {"returncode": 0, "seconds": 1.0, "steps": 1, "metrics_log": str(metrics), "train_log": str(tmp_path / "t"),
+           "audit": [update]}
+    summary, ok = report(run, 1, None)
+    assert ok and summary["steps"][0]["audit_misses"] == []
+    doubled = {**update, "engine_part_grad_norms": {"experts": 0.6, "output layer": 0.4},
+               "engine_grad_norm": (0.6 ** 2 + 0.4 ** 2) ** 0.5}
+    summary, ok = report({**run, "audit": [doubled]}, 1, None)
+    assert not ok and summary["steps"][0]["audit_misses"] == ["gradient: experts"]

@@ -129,13 +129,14 @@ def resumed_from(workdir) -> int | None:
 
 def report(r: dict, steps: int, start: int | None) -> tuple[dict, bool]:
     """(the run's summary, success): a run succeeds when its last global step reaches ``steps``, counting the
-    steps of the checkpoint it resumed from (``start``)."""
+    steps of the checkpoint it resumed from (``start``), and, audited, every update passes the audit's checks."""
     from mcore_dapo_checks.tiny_dapo import per_step
 
     rows = per_step(r) if r["steps"] else []
     out = {"returncode": r["returncode"], "seconds": r["seconds"], "resumed_from": start, "steps": rows,
            "metrics_log": r["metrics_log"], "train_log": r["train_log"], "plot": r.get("plot")}
-    return out, r["returncode"] == 0 and bool(rows) and rows[-1]["step"] >= steps
+    passed = not any(row.get("audit_misses") for row in rows)
+    return out, r["returncode"] == 0 and bool(rows) and rows[-1]["step"] >= steps and passed
 
 
 def tiny_dapo(a) -> int:
@@ -164,17 +165,22 @@ def tiny_dapo(a) -> int:
     if a.json:
         print(json.dumps(out))
     else:
+        missed = [str(s["step"]) for s in steps if s.get("audit_misses")]
         failed = f"FAILED: {out['error']} (full log: {r['train_log']})" if "error" in out \
+            else f"FAILED: the audit rejects step(s) {', '.join(missed)}" if missed \
             else f"FAILED, see {r['train_log']}"
         through = f", global steps {steps[0]['step']} to {steps[-1]['step']} of {a.steps}" if steps else ""
         print(f"verl's DAPO trainer, rollout {a.rollout}: {len(steps)} step(s){through} in {r['seconds']} s "
               f"({'ok' if ok else failed})")
         print(f"{'step':>4} {'score':>8} {'grad norm':>10} {'HF audit':>10} {'rollout vs actor':>17} {'route agr':>9} "
-              f"{'stale':>5}")
+              f"{'stale':>5}  audit")
         for s in steps:
             ref = f"{s['reference_grad_norm']:.4f}" if s["reference_grad_norm"] is not None else "-"
             dp = f"{s['rollout_vs_actor']:.1e}" if s["rollout_vs_actor"] is not None else "-"
             agr = f"{s['routing_agreement']:.4f}" if s.get("routing_agreement") is not None else "-"
             stale = str(int(s["staleness"])) if s.get("staleness") is not None else "-"
-            print(f"{s['step']:>4} {s['score']:>8.3f} {s['grad_norm']:>10.4f} {ref:>10} {dp:>17} {agr:>9} {stale:>5}")
+            verdict = "-" if s.get("audit_misses") is None else ("ok" if not s["audit_misses"] else
+                                                                 "MISS " + ", ".join(s["audit_misses"]))
+            print(f"{s['step']:>4} {s['score']:>8.3f} {s['grad_norm']:>10.4f} {ref:>10} {dp:>17} {agr:>9} {stale:>5}  "
+                  f"{verdict}")
     return 0 if ok else 1

@@ -1,0 +1,138 @@
+"""The audit's verdict on each update (the output of :func:`mcore_dapo_checks.audit_reference.reference`): its
+tolerances, each argued beside its constant, and the checks that tests/test_verl_trainer.py (``check_audit``) and
+``mcore-dapo tiny-dapo --audit`` apply to every update."""
+
+from __future__ import annotations
+
+# Tolerances of the audit (the bf16 engine, through verl's whole update path, against an fp32 HF reference of
+# the same batch from the engine's weights of that step; mcore_dapo_checks.audit_reference):
+# - loss, absolute: the token-mean of A * ratio with |A| <~ 2 over the mini-batch's ~50 response tokens (the
+#   taught model answers in 3), where the engine's log-probs carry bf16 rounding (~1e-2 a token) and the
+#   reference's do not: ~1e-2 * 2 / sqrt(50) ~ 3e-3 at most, as the per-token differences partly cancel;
+#   measured <= 8.6e-4 in the synchronous runs, <= 1.2e-3 over the 8 updates of both asynchronous runs, and
+#   2.3e-3 at one update of a later separate_async run (2026-12-03): 5e-3. The aggregation itself is checked
+#   apart and sharply: the engine's loss against verl's loss formula over the whole batch on the engine's own
+#   log-probs (the ratio 1, no rounding of the reference's in between): measured at most 2.2e-8 over 16 updates of
+#   four runs (float32 sums in another order): 1e-5; a mis-scaled token-mean (per-rank tokens, a DP factor) is
+#   off by the loss's whole size, 1e-3 to 6e-2 here.
+# - weights after the update: Adam's first steps move each element by ~lr whatever the gradient's size, so a
+#   gradient element within bf16's rounding of zero, whose sign bf16 flips, lands 2 lr away from the
+#   reference. The share of elements more than one bf16 step from the reference's chained update stays under
+#   10 % per update with a learning rate above 0 (measured 3 to 6 % after the first, up to 8.2 % after the
+#   third), and no element is further than 2.5 * (sum of the learning rates so far) plus half the bf16
+#   spacing at the largest weight (~1.2: 4e-3). A wrong learning rate, clip, weight decay or a stale weight
+#   moves most elements (the update moves 65 to 86 %). The reference's chain runs twice, fed with the fp32 and
+#   with the bf16 HF model's gradients (below): an element counts where it is beyond both. Mostly the same (the
+#   two gradients thousandths apart); after an update whose gradient bf16 rounding moves wholly (below) the fp32
+#   chain alone had 31.8 % of the elements beyond at update 4, both chains 15.4 % (2026-12-04).
+LOSS_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 0.1, 4e-3
+LOSS_AGGREGATION_ABS = 1e-5
+
+# The audit's tolerances beyond those above, argued from the first measurements (2-core CPU, 2026-12-03):
+# - per-token log-probs: the fp32 HF reference with the rollout's routes forced (R3) or its own routing, at the
+#   weights the update starts from, against the engine's old log-probs (bf16 Megatron, the same weights, its
+#   routes replayed): bf16's rounding of the logits over 8 MoE layers, relative to their size, so the check takes
+#   |ref - engine| / (1 + |engine|) per token: near-certain tokens measured at most 2.8e-2 off, a token of
+#   log-prob -11.5 0.040 off (scaled 1.4e-2, the largest scaled over 16 updates of four runs) -- 5e-2. A token
+#   whose experts were mixed up in the replay path (every expert index moved by one: scaled 0.10 to 0.27 over 8
+#   updates), or whose data-parallel share went to another rank, is off by tenths to units.
+# - the importance weights verl's rollout correction gave the update (min(pi_old / pi_rollout, 2.0) per token)
+#   against the same ratio computed here from the engine's pi_old (checked above) and the rollout's own log-probs:
+#   equal in every update measured (0.0 over 16 updates): float rounding, 1e-5. The rollout's log-probs moved
+#   by 0.1 move the weights by about 0.1.
+# - the loss: against the fp32 reference within LOSS_ABS above, which holds a loss of about 0 (one on-policy
+#   mini-batch whose answers all have the same length is 0 by construction); the sharp check is the aggregation's
+#   (LOSS_AGGREGATION_ABS above), which a loss doubled, halved or divided by another token count fails at any update
+#   whose loss is above 1e-3 (every run has one: the largest measured 1.2e-2 to 6e-2).
+# - each part's gradient (embeddings, output layer, attention, norms, routers, experts): the whole model's norm is
+#   mostly the embeddings' and the output layer's, so a wrong scale inside the layers (experts doubled: a doubled or
+#   missing 1/expert-DP scaling) barely moves it. Each update is recomputed a second time with the HF model in bf16
+#   on the same inputs and routes (an independent bf16 computation, not the engine), and each part of the engine's
+#   gradient norm must be within BF16_SPREAD times the norm of that part's fp32 - bf16 gradient difference of the
+#   fp32 reference's: how far bf16 rounding alone moves that part at that update. Mostly a few percent of the part;
+#   where the batch's gradient is a small remainder of the sequences' (a group's answers alike, advantages summing
+#   to 0) or runs through near-saturated attention into the first positions' embeddings, it is the part itself, and
+#   nothing finer can be told there. The engine (bf16, other kernels, bf16 collectives) follows neither exactly:
+#   |engine - fp32| at most 2.1 times the difference over the parts of one vllm_run's 4 updates -- 3. Derived from the
+#   update itself: no absolute floor (a part zeroed, a router replay that kills the router's gradient, is off by its
+#   whole norm) and no share of past samples. The parts' engine norms are read from the gradients Megatron's
+#   optimizer counts in its grad norm (audit.PartGradNorms): their root-sum-square is the grad norm Megatron reported,
+#   to float64 summation order (PARTS_RSS_REL).
+LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
+# - the routes the reference is forced to: the rollout's where the engine replays them (R3), else those the engine's
+#   routers chose in the update's forward (the audit keeps them). An fp32 reference routing by itself is not a
+#   reference for a bf16 engine: a token whose router scores tie within the engine's rounding takes other experts.
+#   Forced, each (token, layer) whose forced experts are not the fp32 router's own choice must be a near-tie by the
+#   reference's own logits: the logit gap the choice would need (the largest left-out own choice less the smallest
+#   forced newcomer) at most NEAR_TIE_RATIO times how far bf16 rounding moved that token's router logits (the bf16
+#   recomputation of the same update, audit_reference.near_ties): each of the two logits may move by BF16_SPREAD times
+#   that shift in the engine, as its gradients do (above). A router with a per-expert bias, or routes of other experts,
+#   is not near any tie. And the share of routes the fp32 router chooses itself stays above ROUTES_AGREEMENT_MIN: the
+#   near-ties of a tiny model with top-2 of 8 experts are about one route in two hundred.
+NEAR_TIE_RATIO = 2 * BF16_SPREAD
+ROUTES_AGREEMENT_MIN = 0.99
+PARTS_RSS_REL = 1e-3
+# the mutations each audited run must reject, at half of its updates or more: a part's engine norm scaled (experts
+# x2 and x0.5: a doubled or missing expert-DP scaling; a missing expert-DP reduction leaves each of the two expert-DP
+# ranks its own half of the batch, about x0.5; attention x1.3; the routers' gradient zeroed); and every part x1.3 at
+# every update where bf16 rounding moves some part by less than a tenth of it (BF16_SPREAD x that under 0.3 of it)
+PART_MUTATIONS = ({"experts": 2.0}, {"experts": 0.5}, {"attention": 1.3}, {"routers": 0.0})
+
+
+def part_bound(a: dict, part: str) -> float:
+    """How far the engine's gradient norm of ``part`` may be from the reference's at one audited update."""
+    return BF16_SPREAD * a["reference_bf16_part_grad_diff"][part]
+
+
+def part_misses(a: dict, scale: dict | None = None) -> list[str]:
+    """The parts whose engine gradient norm (times ``scale[part]``, a mutation) is beyond its bound."""
+    scale = scale or {}
+    return [p for p, ref in a["reference_part_grad_norms"].items()
+            if abs(a["engine_part_grad_norms"][p] * scale.get(p, 1.0) - ref) > part_bound(a, p)]
+
+
+def update_misses(a: dict, lr_sum: float, updates: int) -> list[str]:
+    """The checks one audited update fails ([] when it passes); ``lr_sum``, ``updates``: the learning rates so far and
+    how many updates had one above 0, this one included (the weights' bounds grow with them)."""
+    miss = []
+    if a.get("optimizer_source") != "launch" or a.get("optimizer_failures"):
+        miss.append("optimizer settings")
+    if a["engine_loss"] is None or abs(a["engine_loss"] - a["loss_at_engine_log_probs"]) >= LOSS_AGGREGATION_ABS:
+        miss.append("loss aggregation")
+    elif abs(a["engine_loss"] - a["reference_loss"]) > LOSS_ABS:
+        miss.append("loss")
+    if not a["forced_routes"]:
+        miss.append("routes not forced")
+    if a["routes_native_agreement"] is None or a["routes_native_agreement"] <= ROUTES_AGREEMENT_MIN:
+        miss.append("route agreement")
+    if a.get("routes_tie_ratio_max", 0.0) > NEAR_TIE_RATIO:
+        miss.append("near-ties")
+    engine = a.get("engine_part_grad_norms") or {}
+    rss = sum(v * v for v in engine.values()) ** 0.5
+    if not engine or set(engine) != set(a["reference_part_grad_norms"]) or \
+            abs(rss - a["engine_grad_norm"]) > PARTS_RSS_REL * a["engine_grad_norm"]:
+        miss.append("gradient parts")
+    else:
+        miss += [f"gradient: {p}" for p in part_misses(a)]
+    if a["logprob_max_scaled_diff"] >= LOGPROB_TOL:
+        miss.append("log-probs")
+    if a.get("is_weights_vs_engine_max_abs_diff", 0.0) >= IS_WEIGHT_ABS:
+        miss.append("importance weights")
+    if "weights_beyond_one_step" in a:
+        if a["weights_beyond_one_step"] > BEYOND_PER_UPDATE * updates or \
+                a["weights_max_abs_diff"] >= 2.5 * lr_sum + HALF_SPACING:
+            miss.append("weights")
+        moved = a["weights_moved"] > 0.5 if a["lr"] > 0 else a["weights_moved"] == 0.0 and a["weights_max_abs_diff"] == 0.0
+        if not moved:
+            miss.append("weights moved")
+    return miss
+
+
+def verdicts(audit: list[dict]) -> list[list[str]]:
+    """:func:`update_misses` of every update, in order."""
+    out, lr_sum, updates = [], 0.0, 0
+    for a in audit:
+        lr_sum += a.get("lr") or 0.0
+        updates += (a.get("lr") or 0.0) > 0
+        out.append(update_misses(a, lr_sum, updates))
+    return out
