@@ -87,12 +87,17 @@ class ForcedRoutes:
                 biased = logits[:n].detach().float().clone()
                 biased[:, expert] += raise_by
                 forced = biased.topk(indices.shape[-1], dim=-1).indices.to(indices.dtype)
-            same = (torch.sort(indices[:n], dim=-1).values == torch.sort(forced, dim=-1).values).all(-1)
-            self.same += int(same.sum())
-            self.total += n
+            ordered = torch.sort(forced, dim=-1).values
+            same = (torch.sort(indices[:n], dim=-1).values == ordered).all(-1)
+            # a row naming one expert twice is no router's choice: a position the rollout returned no routes for
+            # (R3's placeholder rows, zeros); forced as given, left out of the agreement and the near-ties
+            chosen = (ordered.diff(dim=-1) != 0).all(-1)
+            self.same += int((same & chosen).sum())
+            self.total += int(chosen.sum())
             self.logits[(self.sequence, layer)] = logits[:n].detach().float()
-            if not bool(same.all()):
-                self.differ[(self.sequence, layer)] = ((~same).nonzero().squeeze(-1), forced[~same])
+            differ = ~same & chosen
+            if bool(differ.any()):
+                self.differ[(self.sequence, layer)] = (differ.nonzero().squeeze(-1), forced[differ])
             indices = indices.clone()
             indices[:n] = forced
             probs = torch.softmax(logits, dim=-1, dtype=torch.float).gather(-1, indices)

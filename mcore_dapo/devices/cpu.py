@@ -57,6 +57,14 @@ class CpuRollout(RolloutSettings):
         # under "gloo" when verl imports checkpoint_engine.custom_backend_module on each worker
         return "gloo", "mcore_dapo.verl_cpu.checkpoint_engine"
 
+    def graph_mode(self, key: str, mode: str, env) -> str:
+        # vLLM's CPU build packs its linear weights anew at every sync (vllm/model_executor/layers/utils.py,
+        # dispatch_cpu_unquantized_gemm: a new packed copy in a new closure) and, not eager, traces the model once
+        # (vllm/platforms/cpu.py: DYNAMO_TRACE_ONCE), which keeps the first packing
+        raise UserError(f"{key}.enforce_eager=False with the vLLM rollout on trainer.device=cpu: vLLM's CPU build "
+                        "packs its linear weights anew at every weight sync (dispatch_cpu_unquantized_gemm) and, not "
+                        "eager, traces the model once, keeping the first packing; accepted is enforce_eager=True")
+
     def engine_settings(self, gpu_memory_utilization: float) -> tuple[dict, dict]:
         """vLLM's CPU build: a 1 GiB KV cache (VLLM_CPU_KVCACHE_SPACE, where not set), no device memory share."""
         return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}

@@ -161,9 +161,35 @@ class NpuFastPaths(FastPaths):
         return paths
 
 
+# vllm-ascend v0.11.0rc1 vllm_ascend/platform.py, check_and_update_config: FULL_AND_PIECEWISE runs as PIECEWISE,
+# FULL_DECODE_ONLY as a full decode graph, FULL falls back to eager (NONE) with an info line
+NPU_CUDAGRAPH_MODES = ("PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+NZ_VAR = "VLLM_ASCEND_ENABLE_NZ"
+
+
 class NpuRollout(RolloutSettings):
     package = "vllm_ascend"
     install = "pip install 'mcore-dapo[npu]'"
+
+    def check_weight_format(self, key: str, env) -> None:
+        # vllm-ascend (v0.11.0rc1 vllm_ascend/ops/linear.py, ops/common_fused_moe.py) casts bf16 weights to NZ once
+        # after loading; the step's weight sync writes the trainer's ND weights into them (verl 0.9.1 sets 0 in
+        # its vLLM workers where unset: verl/workers/rollout/vllm_rollout/utils.py)
+        if str(env.get(NZ_VAR, "0")).strip() != "0":
+            raise UserError(f"{NZ_VAR}={env.get(NZ_VAR)} with the vLLM rollout on trainer.device=npu: vllm-ascend "
+                            "then keeps the rollout's weights in NZ format, which the weight sync of every step does "
+                            f"not write; accepted is {NZ_VAR}=0 (or unset: verl sets 0)")
+
+    def graph_mode(self, key: str, mode: str, env) -> str:
+        name = f"{key}.engine_kwargs.vllm.compilation_config.cudagraph_mode"
+        if mode not in NPU_CUDAGRAPH_MODES:
+            raise UserError(f"{name}={mode} with enforce_eager=False on trainer.device=npu: vllm-ascend runs it eager; "
+                            f"accepted are {', '.join(NPU_CUDAGRAPH_MODES)} (or enforce_eager=True)")
+        if str(env.get("ASCEND_LAUNCH_BLOCKING", "0")).strip() == "1":  # vllm-ascend v0.11.0rc1 platform.py raises
+            raise UserError("ASCEND_LAUNCH_BLOCKING=1 with enforce_eager=False on trainer.device=npu: vllm-ascend "
+                            "refuses ACL graphs with it; accepted are ASCEND_LAUNCH_BLOCKING unset or 0, or "
+                            f"{key}.enforce_eager=True")
+        return "PIECEWISE" if mode == "FULL_AND_PIECEWISE" else mode  # what vllm-ascend runs of it
 
     def ray_resources(self) -> tuple[dict, dict]:
         # Ray's NPU accelerator manager (ray/_private/accelerators/npu.py) sets ASCEND_RT_VISIBLE_DEVICES

@@ -33,3 +33,13 @@ class RolloutSettings:
     def check_model(self, head_dim: int) -> None:
         """Raise a one-line UserError when this device's vLLM cannot run the model (nothing refused here)."""
 
+    def check_weight_format(self, key: str, env) -> None:
+        """Raise a one-line UserError when the engine's environment keeps weights in a format the trainer's weight
+        sync does not write (nothing here)."""
+
+    def graph_mode(self, key: str, mode: str, env) -> str:
+        """The vLLM ``cudagraph_mode`` that runs of ``mode`` (a vLLM name, not NONE) on this device with
+        ``enforce_eager=False``, or a one-line UserError where graph mode cannot run (``key``: the rollout's config
+        key). vLLM on CUDA runs every mode as asked."""
+        return mode
+

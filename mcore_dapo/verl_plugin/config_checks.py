@@ -278,10 +278,6 @@ def _divisors(n: int, keep=lambda t: True) -> str:
 # engine_kwargs.vllm.compilation_config.cudagraph_mode says otherwise (vllm_async_server.py, launch_server)
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 VERL_CUDAGRAPH_MODE = "FULL_AND_PIECEWISE"
-# vllm-ascend v0.11.0rc1 vllm_ascend/platform.py, check_and_update_config: FULL_AND_PIECEWISE runs as PIECEWISE,
-# FULL_DECODE_ONLY as a full decode graph, FULL falls back to eager (NONE) with an info line
-NPU_CUDAGRAPH_MODES = ("PIECEWISE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-NZ_VAR = "VLLM_ASCEND_ENABLE_NZ"
 
 
 def check_rollout_graph(c, env=None) -> str:
@@ -301,20 +297,13 @@ def check_rollout_graph(c, env=None) -> str:
     device = str(c.trainer.get("device") or "")
     if str(r.get("name")) != "vllm":
         return "eager" if r.get("enforce_eager") else "engine default"
-    npu = device == "npu"
-    if npu and str(env.get(NZ_VAR, "0")).strip() != "0":
-        # vllm-ascend (v0.11.0rc1 vllm_ascend/ops/linear.py, ops/common_fused_moe.py) casts bf16 weights to NZ once
-        # after loading; the step's weight sync writes the trainer's ND weights into them (verl 0.9.1 sets 0 in
-        # its vLLM workers where unset: verl/workers/rollout/vllm_rollout/utils.py)
-        raise UserError(f"{NZ_VAR}={env.get(NZ_VAR)} with the vLLM rollout on trainer.device=npu: vllm-ascend then "
-                        "keeps the rollout's weights in NZ format, which the weight sync of every step does not write; "
-                        f"accepted is {NZ_VAR}=0 (or unset: verl sets 0)")
+    from mcore_dapo.devices import get_adapter
+
+    rollout = get_adapter(device).rollout if device else None
+    if rollout is not None:
+        rollout.check_weight_format(ROLLOUT, env)
     if r.get("enforce_eager"):
         return "eager"
-    if device == "cpu":
-        raise UserError(f"{ROLLOUT}.enforce_eager=False with the vLLM rollout on trainer.device=cpu: vLLM's CPU build "
-                        "packs its linear weights anew at every weight sync (dispatch_cpu_unquantized_gemm) and, not "
-                        "eager, traces the model once, keeping the first packing; accepted is enforce_eager=True")
     compilation = (r.get("engine_kwargs") or {}).get("vllm", {}) or {}
     compilation = compilation.get("compilation_config") or {}
     if isinstance(compilation, str):
@@ -335,17 +324,7 @@ def check_rollout_graph(c, env=None) -> str:
                         "sizes) or a list of positive batch sizes")
     if mode == "NONE":
         return "eager"
-    if npu:
-        if mode not in NPU_CUDAGRAPH_MODES:
-            raise UserError(f"{key}={mode} with enforce_eager=False on trainer.device=npu: vllm-ascend runs it eager; "
-                            f"accepted are {', '.join(NPU_CUDAGRAPH_MODES)} (or enforce_eager=True)")
-        if str(env.get("ASCEND_LAUNCH_BLOCKING", "0")).strip() == "1":  # vllm-ascend v0.11.0rc1 platform.py raises
-            raise UserError("ASCEND_LAUNCH_BLOCKING=1 with enforce_eager=False on trainer.device=npu: vllm-ascend "
-                            "refuses ACL graphs with it; accepted are ASCEND_LAUNCH_BLOCKING unset or 0, or "
-                            f"{ROLLOUT}.enforce_eager=True")
-        if mode == "FULL_AND_PIECEWISE":
-            mode = "PIECEWISE"  # what vllm-ascend runs of it
-    return mode
+    return rollout.graph_mode(ROLLOUT, mode, env) if rollout is not None else mode
 
 
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # verl 0.9.1's registered V1 trainers
