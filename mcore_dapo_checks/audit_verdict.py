@@ -68,7 +68,12 @@ LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
 #   recomputation of the same update, audit_reference.near_ties): each of the two logits may move by BF16_SPREAD times
 #   that shift in the engine, as its gradients do (above). A router with a per-expert bias, or routes of other experts,
 #   is not near any tie. And the share of routes the fp32 router chooses itself stays above ROUTES_AGREEMENT_MIN: the
-#   near-ties of a tiny model with top-2 of 8 experts are about one route in two hundred.
+#   near-ties of a tiny model with top-2 of 8 experts are about one route in two hundred. Both hold where the routes
+#   are the engine's own of the update (no replay). Under R3 the routes are the rollout's, chosen by the weights that
+#   generated the samples: in the asynchronous modes up to max_off_policy_threshold - 1 versions older than the
+#   update's, and a tiny model's router moves at lr 1e-3 (measured: 0.9955 agreement and near-ties within 4.4 at the
+#   fresh updates of a separate_async R3 run, below 0.99 and beyond any tie at its updates of older samples), so
+#   there they are reported (routes_native_agreement, routes_tie_ratio_max), not held.
 NEAR_TIE_RATIO = 2 * BF16_SPREAD
 ROUTES_AGREEMENT_MIN = 0.99
 PARTS_RSS_REL = 1e-3
@@ -103,10 +108,11 @@ def update_misses(a: dict, lr_sum: float, updates: int) -> list[str]:
         miss.append("loss")
     if not a["forced_routes"]:
         miss.append("routes not forced")
-    if a["routes_native_agreement"] is None or a["routes_native_agreement"] <= ROUTES_AGREEMENT_MIN:
-        miss.append("route agreement")
-    if a.get("routes_tie_ratio_max", 0.0) > NEAR_TIE_RATIO:
-        miss.append("near-ties")
+    if a.get("routes_from") == "engine":  # routes of the update's own weights (under R3: see ROUTES_AGREEMENT_MIN)
+        if a["routes_native_agreement"] is None or a["routes_native_agreement"] <= ROUTES_AGREEMENT_MIN:
+            miss.append("route agreement")
+        if a.get("routes_tie_ratio_max", 0.0) > NEAR_TIE_RATIO:
+            miss.append("near-ties")
     engine = a.get("engine_part_grad_norms") or {}
     rss = sum(v * v for v in engine.values()) ** 0.5
     if not engine or set(engine) != set(a["reference_part_grad_norms"]) or \
