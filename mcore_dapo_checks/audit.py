@@ -206,13 +206,14 @@ MEGATRON_PARTS = (
 )
 
 
-def megatron_part(name: str) -> str:
+def part_of(name: str, parts=MEGATRON_PARTS) -> str:
+    """The part of parameter ``name`` by ``parts`` (:data:`MEGATRON_PARTS`, or the reference's HF_PARTS)."""
     import re
 
-    for part, pattern in MEGATRON_PARTS:
+    for part, pattern in parts:
         if re.search(pattern, name):
             return part
-    raise ValueError(f"{name}: no part of the audit's MEGATRON_PARTS matches this Megatron parameter")
+    raise ValueError(f"{name}: no part of {[p for p, _ in parts]} matches this parameter")
 
 
 class PartGradNorms:
@@ -261,7 +262,7 @@ class PartGradNorms:
                 name = self.names.get(id(model.get(id(p), p)))
                 if name is None:
                     raise ValueError("a gradient Megatron counts belongs to no named model parameter")
-                sums[megatron_part(name)] += float(g.detach().float().pow(2).sum())
+                sums[part_of(name)] += float(g.detach().float().pow(2).sum())
             names = list(sums)
             t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=get_adapter().local_device())
             dist.all_reduce(t, group=sub.get_grad_stats_parallel_group())

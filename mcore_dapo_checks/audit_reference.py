@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mcore_dapo_checks.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES
+from mcore_dapo_checks.audit import CORRECTION, FIELDS, KL, LOSS_MASK, ROUTES, part_of
 
 
 # the HF model's parameters by part, as :data:`mcore_dapo_checks.audit.MEGATRON_PARTS` names the engine's; the first
@@ -36,12 +36,7 @@ HF_PARTS = (
 
 
 def hf_part(name: str) -> str:
-    import re
-
-    for part, pattern in HF_PARTS:
-        if re.search(pattern, name):
-            return part
-    raise ValueError(f"{name}: no part of HF_PARTS matches this HF parameter")
+    return part_of(name, HF_PARTS)
 
 
 def part_norms(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
