@@ -65,22 +65,9 @@ class ReadBackExtension(_read_back_base()):
         """Stacked expert weights (``...routed_experts.w13_weight`` / ``w2_weight``) in the layout the
         engine's experts kernel holds them: vLLM's CPU MoE keeps them packed by its own
         ``cpu_prepack_moe_weight`` (vllm/model_executor/layers/fused_moe/experts/cpu_moe.py)."""
-        from vllm.platforms import current_platform
+        from mcore_dapo_checks.rollout_storage import packed_form
 
-        if not current_platform.is_cpu():  # GPU / NPU kernels hold the stacked weights as loaded
-            return dict(tensors)
-        from vllm._custom_ops import cpu_prepack_moe_weight
-        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-        modules = dict(self.model_runner.model.named_modules())
-        out = {}
-        for name, t in tensors.items():
-            kernel = modules[name.rsplit(".", 1)[0]].quant_method.moe_kernel
-            experts = kernel.fused_experts if kernel is not None else None
-            if isinstance(experts, CPUUnquantizedExperts) and not experts._use_zentorch:
-                t = cpu_prepack_moe_weight(t, experts.isa)
-            out[name] = t
-        return out
+        return {**tensors, **packed_form(self.model_runner.model, tensors)}
 
     def mcore_param_names(self) -> list[str]:
         return [n for n, _ in self.model_runner.model.named_parameters()]

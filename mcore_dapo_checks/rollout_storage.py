@@ -75,7 +75,7 @@ def compare(model, received: list[tuple[str, torch.Tensor]]) -> dict:
     finally:
         for n, p in params.items():
             p.data = held[n]
-    packed = _packed_form(model, {n: stand[n] for n in stand if _is_stacked(n)})
+    packed = packed_form(model, {n: stand[n] for n in stand if _is_stacked(n)})
     differ, unwritten = [], {}
     for n, want in stand.items():
         want = packed.get(n, want)
@@ -99,7 +99,7 @@ def _is_stacked(name: str) -> bool:
     return name.endswith(stacked_expert_names())
 
 
-def _packed_form(model, tensors: dict) -> dict:
+def packed_form(model, tensors: dict) -> dict:
     """Stacked expert weights as vLLM's CPU MoE holds them (its own ``cpu_prepack_moe_weight``); elsewhere as
     loaded."""
     from vllm.platforms import current_platform
@@ -140,7 +140,7 @@ def _expert_slices(model, received: dict[str, torch.Tensor]) -> dict:
                                       received[f"{prefix}.{local[i]}.up_proj.weight"]]) for i in sorted(local)])
         w2 = torch.stack([received[f"{prefix}.{local[i]}.down_proj.weight"] for i in sorted(local)])
         want = {f"{name}.w13_weight": w13.to(module.w13_weight.dtype), f"{name}.w2_weight": w2.to(module.w2_weight.dtype)}
-        packed = _packed_form(model, want)
+        packed = packed_form(model, want)
         for key, t in want.items():
             held = getattr(module, key.rpartition(".")[2])
             checked += 1
