@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from mcore_dapo_checks.audit_verdict import (  # noqa: F401  (test_resume.py and test_audit_settings.py import them here)
-    BEYOND_PER_UPDATE, BF16_SPREAD, HALF_SPACING, IS_WEIGHT_ABS, LOGPROB_TOL, LOSS_ABS, LOSS_AGGREGATION_ABS,
+    BEYOND_PER_UPDATE, HALF_SPACING, LOGPROB_TOL, LOSS_ABS, LOSS_AGGREGATION_ABS,
     NEAR_TIE_RATIO, PART_MUTATIONS, PARTS_RSS_REL, ROUTES_AGREEMENT_MIN, part_bound, part_misses, verdicts)
 
 # torchrun ranks of real Megatron on one host, gloo; a run is 2 to 4 minutes on an idle 2-core host (its
