@@ -107,14 +107,13 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     step_fn, own = optimizer.step, "step" in vars(optimizer)
 
     parts: dict[str, float] = {}
-    read_parts = PartGradNorms(engine.module, optimizer, parts)
+    read_parts = PartGradNorms(engine.module, optimizer, parts, routers)
 
-    def step_after_reading_router_grads(*args, **kwargs):
-        routers.update(router_grad_norms(engine.module))  # reduced, not yet clipped
+    def step_reading_the_learning_rate(*args, **kwargs):
         lrs.append(float(optimizer.param_groups[0]["lr"]))  # what this step applies (the scheduler moves after it)
         return step_fn(*args, **kwargs)
 
-    optimizer.step = step_after_reading_router_grads
+    optimizer.step = step_reading_the_learning_rate
     # without routes to replay, the routes the engine's routers chose in the update's forward, by sample: the
     # reference is routed as the engine was (a token whose router scores tie within bf16 rounding may take other
     # experts in the bf16 engine than in the fp32 reference, which moves the gradient far more than rounding does)
@@ -177,21 +176,6 @@ def _update_loss(engine, out) -> float | None:
     return value if ps.is_pipeline_last_stage(ignore_virtual=True) else None
 
 
-def router_grad_norms(chunks) -> dict[int, float]:
-    """Gradient norm of each MoE router weight this rank holds, by layer number (1-based): the gradient
-    Megatron's optimizer is about to use (``main_grad`` of its DDP buffer, reduced over data and
-    sequence parallelism). Router replay changes these most: the gate weights of replayed experts."""
-    from mcore_dapo.verl_plugin.router_replay import model_routers
-
-    out = {}
-    for number, router in model_routers(chunks):
-        g = getattr(router.weight, "main_grad", None)
-        g = router.weight.grad if g is None else g
-        if g is not None:
-            out[int(number)] = float(g.detach().float().norm())
-    return out
-
-
 # the parts of the model whose gradient norms the audit compares with the reference's, by Megatron's parameter names
 # (the reference's by HF names: mcore_dapo_checks.audit_reference.hf_part); the first pattern that matches wins
 MEGATRON_PARTS = (
@@ -222,12 +206,22 @@ class PartGradNorms:
     by Megatron after the model's reduced gradients are copied to its main parameters, before clipping) also sums
     the squares of those gradients by part, its main parameters named through the model parameters they shard, and
     reduces them over the optimizer's grad-stats group as Megatron reduces its norm. Their root-sum-square is the grad
-    norm verl reports (the audit checks it)."""
+    norm verl reports (the audit checks it). ``routers``, when given, gets each MoE router's norm by layer number
+    (1-based) the same way: read from the model parameters instead (``main_grad``), a rank's view is partly its own
+    unreduced gradient under the distributed optimizer, which reduce-scatters the gradient and keeps only its
+    shard reduced (one data-parallel rank then held layers 1-2's reduced, the other layers 3-4's)."""
 
-    def __init__(self, chunks, optimizer, out: dict):
+    def __init__(self, chunks, optimizer, out: dict, routers: dict | None = None):
+        from mcore_dapo.resharding.export import unwrap
+        from mcore_dapo.verl_plugin.router_replay import model_routers
+
         self.subs = list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
         self.names = {id(p): n for c in chunks for n, p in c.named_parameters()}
-        self.out = out
+        self.router_layers = {id(r.weight): int(number) for number, r in model_routers(chunks)}
+        # every layer number of the model, on every rank (each pipeline stage holds its own layers; the all-reduce
+        # needs one length everywhere); a layer counts as a router's where some rank holds one
+        self.layer_count = max(int(unwrap(c).config.num_layers) for c in chunks)
+        self.out, self.routers = out, routers
         self.sums: dict[str, float] = {}
 
     def _model_params(self, sub) -> dict[int, torch.nn.Parameter]:
@@ -255,14 +249,20 @@ class PartGradNorms:
             model = self._model_params(sub)
             chosen = {id(g) for g in grads}
             sums = {part: 0.0 for part, _ in MEGATRON_PARTS}
+            sums.update({("router", n): 0.0 for n in range(1, self.layer_count + 1)})
+            sums.update({("held", n): float(n in self.router_layers.values()) for n in range(1, self.layer_count + 1)})
             for p in sub.get_parameters():
                 g = p.grad
                 if g is None or id(g) not in chosen:
                     continue
-                name = self.names.get(id(model.get(id(p), p)))
+                model_p = model.get(id(p), p)
+                name = self.names.get(id(model_p))
                 if name is None:
                     raise ValueError("a gradient Megatron counts belongs to no named model parameter")
-                sums[part_of(name)] += float(g.detach().float().pow(2).sum())
+                square = float(g.detach().float().pow(2).sum())
+                sums[part_of(name)] += square
+                if id(model_p) in self.router_layers:
+                    sums[("router", self.router_layers[id(model_p)])] += square
             names = list(sums)
             t = torch.tensor([sums[n] for n in names], dtype=torch.float64, device=get_adapter().local_device())
             dist.all_reduce(t, group=sub.get_grad_stats_parallel_group())
@@ -270,7 +270,11 @@ class PartGradNorms:
                 self.sums[n] = self.sums.get(n, 0.0) + float(v)
             self.out.clear()
             self.out.update({n: v ** 0.5 for n, v in self.sums.items()
-                             if v > 0 or n not in ("shared experts", "dense mlp")})
+                             if isinstance(n, str) and (v > 0 or n not in ("shared experts", "dense mlp"))})
+            if self.routers is not None:
+                self.routers.clear()
+                self.routers.update({n[1]: v ** 0.5 for n, v in self.sums.items()
+                                     if isinstance(n, tuple) and n[0] == "router" and self.sums[("held", n[1])] > 0})
             return grads
 
         return get_main_grads_for_grad_norm

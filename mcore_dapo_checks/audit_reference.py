@@ -113,7 +113,8 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
                    grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
                    rollout_log_prob_shift: float = 0.0,
-                   routing: dict | None = None, route_bias: tuple[int, float] | None = None) -> dict:
+                   routing: dict | None = None, route_bias: tuple[int, float] | None = None,
+                   log_probs: dict | None = None) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo_checks.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). Mutations the checks must
@@ -124,7 +125,8 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     the HF model's (``torch.bfloat16`` shows how far bf16 rounding alone moves the loss and the gradient).
     ``routing``: filled with the routers' logits by (sequence, layer) and the (token, layer) pairs whose forced routes
     are not the router's own (:func:`near_ties`). ``route_bias=(expert, raise)``, a mutation: the routes forced are
-    the reference router's own top-k with that expert's logit raised (an engine whose router had a per-expert bias)."""
+    the reference router's own top-k with that expert's logit raised (an engine whose router had a per-expert bias).
+    ``log_probs``: gets this model's log-probs of the response tokens (``new``, flattened)."""
     from transformers import AutoModelForCausalLM
 
     from mcore_dapo_checks.verl_dapo import actor_config
@@ -173,7 +175,12 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     # 0.040 off, near-certain tokens at most 0.028; the scaled difference |ref - engine| / (1 + |engine|) bounds both
     gap = (new.detach() - old).abs()
     checks = {"logprob_max_abs_diff": float(gap[valid].max()),
-              "logprob_max_scaled_diff": float((gap / (1 + old.abs()))[valid].max())}
+              "logprob_max_scaled_diff": float((gap / (1 + old.abs()))[valid].max()),
+              # how far the engine's rounding moved its log-probs from this model's, over the batch (with the bf16
+              # model's the same, reference(): the engine's rounding against the bf16 recomputation's)
+              "logprob_rms_diff": float(gap[valid].pow(2).mean().sqrt())}
+    if log_probs is not None:
+        log_probs["new"] = new.detach()[valid]
     weights = _padded(cols["rollout_is_weights"]) if cols["rollout_is_weights"] else None
     if weights is not None and cols["rollout_log_probs"]:
         # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold): recomputed from the engine's
@@ -535,18 +542,20 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
             continue
         grads: dict = {}
         routing: dict = {}
-        r = reference_step(f, dtype=dtype, grads=grads, settings=settings, routing=routing)
+        lp, lp16 = {}, {}
+        r = reference_step(f, dtype=dtype, grads=grads, settings=settings, routing=routing, log_probs=lp)
         grads_bf16: dict | None = None
         if rounding:
             grads_bf16, routing_bf16 = {}, {}
             r16 = reference_step(f, dtype=torch.bfloat16, grads=grads_bf16, settings=settings,
-                                 routing=routing_bf16)
+                                 routing=routing_bf16, log_probs=lp16)
             if r["forced_routes"]:
                 r.update(near_ties(routing, routing_bf16))
             r["reference_bf16_grad_norm"] = r16["reference_grad_norm"]
             r["reference_bf16_grad_diff"] = math.sqrt(sum(float(((g - grads_bf16[n]) ** 2).sum())
                                                           for n, g in grads.items()))
             r["reference_bf16_part_grad_diff"] = part_norms({n: g - grads_bf16[n] for n, g in grads.items()})
+            r["reference_bf16_logprob_rms_diff"] = float((lp16["new"] - lp["new"]).pow(2).mean().sqrt())
         if (f / "hf-after").is_dir():
             part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
             planned = planned_update(f, part, composed)
