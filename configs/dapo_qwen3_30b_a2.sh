@@ -26,6 +26,9 @@
 # there: 60.2 GiB; the planner's best on 2 nodes, TP2 PP1 EP8, is 3% faster) and sends the weights to the
 # rollout nodes with verl's HCCL checkpoint engine, registered as "nccl" on Ascend. ASYNC=off: verl's
 # synchronous trainer.
+# Cheaper rollouts, from the same plan ("cheaper rollouts" lines; docs/VERL_PLUGIN.md, "Cheaper rollouts"):
+#   ROLLOUT_CORRECTION=bypass (the old-log-prob pass skipped: the log's 16.4 s) colocate_async 277.8 -> 261.4 s/step;
+#   off by default (decoupled). No FP8 on the A2; verl 0.9.1's quantization=ascend is refused (docs/ASCEND.md).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 

@@ -44,17 +44,44 @@ esac
 #       (CKPT_ENGINE, and CKPT_ENGINE_MODULE where the project registers it); parameter_sync_step=1, since
 #       ppo_mini_batch_size = train_batch_size below and verl asserts train_batch_size = step x mini-batch.
 #   both: a prompt group trained more than 4 model versions after it was submitted is dropped and refilled;
-#       rollout correction is verl's decoupled K3-RS + token-TIS preset (old policy recomputed, which
-#       router replay R2 needs: verl refuses R2 with bypass_mode=True).
+#       rollout correction (below) defaults to decoupled.
 OFF_POLICY_ARGS=(
     trainer.v1.sampler.max_off_policy_threshold=4
     trainer.v1.sampler.max_off_policy_strategy=drop
-    algorithm.rollout_correction.bypass_mode=False
-    algorithm.rollout_correction.rollout_is=token
-    algorithm.rollout_correction.rollout_is_threshold=2.0
-    algorithm.rollout_correction.rollout_rs=seq_mean_k3
-    algorithm.rollout_correction.rollout_rs_threshold=0.01
 )
+
+# ROLLOUT_DTYPE=bf16|fp8 (default bf16; docs/VERL_PLUGIN.md, "Cheaper rollouts"): fp8 is verl 0.9.1's on-the-fly
+#   blockwise FP8 rollout (CUDA only: the dry run refuses it on Ascend), which needs decoupled correction.
+# ROLLOUT_CORRECTION=off|decoupled|bypass (default decoupled with ASYNC=colocate|separate or ROLLOUT_DTYPE=fp8,
+#   else off):
+#   decoupled: verl's K3-RS + token-TIS preset; the old policy is recomputed (router replay R2 needs that pass).
+#   bypass: the rollout's log-probs are the old policy and the old-log-prob pass is skipped (16.4 s of the
+#       guide's 310.6 s step); verl 0.9.1's v1 trainer then applies no IS or RS (the PPO ratio against the
+#       rollout's log-probs is the correction: verl's bypass_ppo_clip preset). Argued for with R3, where the
+#       rollout's and the trainer's routes agree.
+case "${ROLLOUT_DTYPE:-bf16}" in
+    bf16) DTYPE_ARGS=() ;;
+    fp8) DTYPE_ARGS=(actor_rollout_ref.rollout.quantization=fp8) ;;
+    *) echo "error: ROLLOUT_DTYPE=${ROLLOUT_DTYPE} is not accepted: accepted are bf16, fp8" >&2; exit 2 ;;
+esac
+if [ "${ASYNC:-off}" != off ] || [ "${ROLLOUT_DTYPE:-bf16}" = fp8 ]; then
+    default_correction=decoupled
+else
+    default_correction=off
+fi
+case "${ROLLOUT_CORRECTION:-${default_correction}}" in
+    off) CORRECTION_ARGS=() ;;
+    decoupled) CORRECTION_ARGS=(algorithm.rollout_correction.bypass_mode=False
+                                algorithm.rollout_correction.rollout_is=token
+                                algorithm.rollout_correction.rollout_is_threshold=2.0
+                                algorithm.rollout_correction.rollout_rs=seq_mean_k3
+                                algorithm.rollout_correction.rollout_rs_threshold=0.01) ;;
+    bypass) CORRECTION_ARGS=(algorithm.rollout_correction.bypass_mode=True
+                             algorithm.rollout_correction.rollout_is=null
+                             algorithm.rollout_correction.rollout_rs=null) ;;
+    *) echo "error: ROLLOUT_CORRECTION=${ROLLOUT_CORRECTION} is not accepted: accepted are off, decoupled, bypass" >&2
+       exit 2 ;;
+esac
 TRAINER_NNODES=${NNODES}
 case "${ASYNC:-off}" in
     off) ASYNC_ARGS=() ;;
@@ -187,6 +214,7 @@ DAPO_ARGS=(
     actor_rollout_ref.rollout.val_kwargs.n=1
     actor_rollout_ref.rollout.enforce_eager=${ENFORCE_EAGER}
     "${GRAPH_ARGS[@]}"
+    "${DTYPE_ARGS[@]}"
     actor_rollout_ref.rollout.free_cache_engine=True
     reward.reward_manager.name=dapo
     +reward.reward_kwargs.max_resp_len=${max_response_length}
@@ -212,6 +240,7 @@ DAPO_ARGS=(
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1
     ++actor_rollout_ref.nccl_timeout=7200
     "${ASYNC_ARGS[@]}"
+    "${CORRECTION_ARGS[@]}"
 )
 
 # DRY_RUN=1: compose and check the config only (no Ray, no device); the model's config.json comes

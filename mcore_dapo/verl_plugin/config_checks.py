@@ -137,9 +137,10 @@ def validate(c, model_dir=None, here: bool = True) -> dict:
     mode = check_async(c)
     rollout = check_rollout_layout(c, cfg, world, mode)
     graph = check_rollout_graph(c)
+    precision = check_rollout_precision(c)
     check_lr_schedule(c, mode)
     sizes = {**layout.as_dict(), "dp": dp, "edp": layout.expert_dp(world), "world_size": world,
-             **rollout, "rollout_graph": graph,
+             **rollout, "rollout_graph": graph, **precision,
              "device": str(c.trainer.get("device") or ""), "router_replay": replay, "trainer_mode": mode}
     if not here:
         try:
@@ -325,6 +326,64 @@ def check_rollout_graph(c, env=None) -> str:
     if mode == "NONE":
         return "eager"
     return rollout.graph_mode(ROLLOUT, mode, env) if rollout is not None else mode
+
+
+CORRECTION = "algorithm.rollout_correction"
+
+
+def check_rollout_precision(c) -> dict:
+    """The rollout's weight precision (``rollout.quantization``) and whether the old-log-prob pass runs
+    (``algorithm.rollout_correction.bypass_mode``), before Ray (docs/VERL_PLUGIN.md, "Cheaper rollouts"); one line
+    each for what verl 0.9.1 would reject inside its Ray actors, or silently not apply. Returns the dry run's
+    ``rollout_dtype`` and ``old_log_prob``.
+
+    - ``fp8``: verl's on-the-fly blockwise FP8 (verl/workers/rollout/vllm_rollout/vllm_async_server.py,
+      ``_apply_quantization``; the sync's bf16 tensors quantized by verl/utils/vllm/vllm_quant_utils.py
+      ``quant_weights`` before vLLM's loader): CUDA only, and with token-level importance sampling (verl's FP8
+      document matches bf16 accuracy only with it), which bypass mode does not apply.
+    - ``ascend``: vllm-ascend's ModelSlim checkpoints; verl 0.9.1 re-quantizes a sync on the fly only for FP8 and
+      vllm-ascend's MX types (``quant_weights``), not INT8 W8A8: a sync would hand bf16 tensors to int8
+      parameters (docs/ASCEND.md, "Quantized rollout").
+    - bypass: verl 0.9.1's v1 trainer takes the rollout's log-probs as the old policy and then skips the whole
+      rollout correction (verl/trainer/ppo/v1/trainer_base.py, ``_compute_old_log_prob`` and
+      ``compute_rollout_correction_and_add_to_batch`` under ``not bypass_recomputing_logprobs``): an IS or RS
+      setting beside it would be silently dropped; router replay R2 records its routes in that skipped pass
+      (verl/utils/config.py refuses it)."""
+    r = c.actor_rollout_ref.rollout
+    device = str(c.trainer.get("device") or "")
+    corr = c.algorithm.get("rollout_correction") or {}
+    bypass = bool(corr.get("bypass_mode", False))
+    quant = r.get("quantization")
+    quant = None if quant in (None, "null", "None", "") else str(quant)
+    if quant == "fp8":
+        if device != "cuda":
+            raise UserError(f"{ROLLOUT}.quantization=fp8 on trainer.device={device or 'unset'} is not accepted: "
+                            "verl's FP8 rollout runs on CUDA (H100 and newer); accepted here is null (bf16)")
+        if bypass or str(corr.get("rollout_is")) != "token":
+            raise UserError(f"{ROLLOUT}.quantization=fp8 needs token-level importance sampling against the FP8 "
+                            f"rollout (verl's FP8 document): accepted is {CORRECTION}.rollout_is=token with "
+                            f"bypass_mode=False (got rollout_is={corr.get('rollout_is')}, bypass_mode={bypass})")
+    elif quant == "ascend":
+        raise UserError(f"{ROLLOUT}.quantization=ascend is not accepted: verl 0.9.1 re-quantizes a weight sync on "
+                        "the fly only for fp8 (CUDA) and vllm-ascend's MX types, not for the INT8 W8A8 rollout of "
+                        "A2, whose int8 parameters would take the sync's bf16 tensors; accepted is null (bf16)"
+                        + (" or fp8" if device == "cuda" else ""))
+    elif quant is not None:
+        raise UserError(f"{ROLLOUT}.quantization={quant} is not accepted: accepted are null (bf16)"
+                        + (" and fp8" if device == "cuda" else ""))
+    if bypass:
+        kept = [k for k in ("rollout_is", "rollout_rs") if corr.get(k) not in (None, "null", "None")]
+        if kept:
+            raise UserError(f"{CORRECTION}.bypass_mode=True with " + ", ".join(f"{k}={corr.get(k)}" for k in kept)
+                            + ": verl 0.9.1's v1 trainer applies no rollout correction in bypass mode (the PPO ratio "
+                            "against the rollout's log-probs is the correction); accepted with bypass are "
+                            f"{CORRECTION}.rollout_is=null and rollout_rs=null, or bypass_mode=False")
+        replay = str(c.actor_rollout_ref.actor.megatron.get("router_replay", {}).get("mode", "disabled"))
+        if replay == "R2":
+            raise UserError(f"{CORRECTION}.bypass_mode=True with router_replay.mode=R2 is not accepted: R2 records "
+                            "its routes in the old-log-prob pass that bypass skips (verl refuses it); accepted are "
+                            "R3 or disabled, or bypass_mode=False")
+    return {"rollout_dtype": quant or "bf16", "old_log_prob": "rollout's (bypass)" if bypass else "recomputed"}
 
 
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # verl 0.9.1's registered V1 trainers
