@@ -227,6 +227,19 @@ def test_mode_projection_of_the_guides_step(cfg):
     assert pl.fits and (32 * 16) % pl.layout.layout.dp(trainer.world_size) == 0
     for m in modes.values():
         assert m.speedup == pytest.approx(modes["sync"].step_s / m.step_s - 1)
+    # cheaper rollouts (plan/modes.py, cheaper): the old-log-prob pass skipped takes the log's 16.4 s off a synchronous
+    # step; verl's published FP8 speed-up (1.35) shortens the decoding, on a device with FP8 only
+    from mcore_dapo.plan.modes import cheaper
+
+    sync = cheaper(modes["sync"], fp8=True)
+    assert sync["bypass_s"] == pytest.approx(310.60584014933556 - 16.38148122187704, abs=0.02)
+    assert sync["fp8_s"] == pytest.approx(310.60584014933556 - 142.09425354003906 * (1 - 1 / 1.35), abs=0.02)
+    assert "fp8_s" not in cheaper(modes["sync"], fp8=False)
+    colo = cheaper(modes["colocate_async"], fp8=True)
+    trimmed = 142.09425354003906 * 4725.28125 / 6144  # colocate decodes for the mean response
+    assert colo["fp8_s"] == pytest.approx(modes["colocate_async"].step_s - trimmed * (1 - 1 / 1.35), abs=0.02)
+    assert get_device("h100").fp8 and get_device("h200").fp8 and not get_device("a2").fp8 \
+        and not get_device("a100").fp8
 
 
 def test_plan_cli_prints_the_modes_keyed_by_verls_names(reference_config, capsys):

@@ -52,7 +52,9 @@ def _plan(a) -> int:
                           "lengths": lengths.as_dict(), "constants": gen.constants(),
                           "candidates": [g.as_dict() for g in rollouts[:a.top]]}
         if modes is not None:
-            out["modes"] = {m.mode: m.as_dict() for m in modes[1]}
+            from mcore_dapo.plan.modes import cheaper
+
+            out["modes"] = {m.mode: {**m.as_dict(), "cheaper": cheaper(m, w.device.fp8)} for m in modes[1]}
             out["modes_phases"] = modes[0].as_dict()
         if a.show_config:  # the Megatron settings of each listed layout (plan/settings.py)
             from mcore_dapo.plan.settings import layout_settings
@@ -68,7 +70,7 @@ def _plan(a) -> int:
             from mcore_dapo.plan.modes import render as render_modes
 
             print()
-            print("\n".join(render_modes(modes[1], modes[0])))
+            print("\n".join(render_modes(modes[1], modes[0], fp8=w.device.fp8)))
         if a.show_config:
             from mcore_dapo.plan.settings import layout_settings, render_settings
 

@@ -27,6 +27,7 @@ class DeviceSpec:
     inter_link: str
     source: str
     hbm_tbps: float = 0.0  # peak memory bandwidth, TB/s (10^12 bytes/s), as published
+    fp8: bool = False  # FP8 tensor cores (the datasheets: Hopper has them, Ampere and the 910B do not)
 
     @property
     def intra_bytes_per_s(self) -> float:
@@ -53,14 +54,14 @@ DEVICES: dict[str, DeviceSpec] = {
             inter_gbps=50.0, intra_link="NVLink 4 (900 GB/s)", inter_link="8x InfiniBand NDR 400 Gb/s per node",
             source="NVIDIA H100 SXM5 datasheet: 989 TFLOPS BF16 dense (1,979 with sparsity), 80 GB HBM3 "
                    "(81,559 MiB reported), 3.35 TB/s HBM bandwidth, NVLink 900 GB/s; DGX H100: 8x ConnectX-7 400 Gb/s",
-            hbm_tbps=3.35,
+            hbm_tbps=3.35, fp8=True,
         ),
         DeviceSpec(
             name="h200", bf16_tflops=989.0, hbm_gib=140.4, intra_gbps=900.0, intra_bidirectional=True,
             inter_gbps=50.0, intra_link="NVLink 4 (900 GB/s)", inter_link="8x InfiniBand NDR 400 Gb/s per node",
             source="NVIDIA H200 SXM datasheet: 989 TFLOPS BF16 dense, 141 GB HBM3e (143,771 MiB reported), "
                    "4.8 TB/s HBM bandwidth, NVLink 900 GB/s; DGX H200: 8x ConnectX-7 400 Gb/s",
-            hbm_tbps=4.8,
+            hbm_tbps=4.8, fp8=True,
         ),
         DeviceSpec(
             name="a100", bf16_tflops=312.0, hbm_gib=80.0, intra_gbps=600.0, intra_bidirectional=True,
