@@ -251,6 +251,10 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
     assert main(["metrics", str(work / "train.log"), "--world-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "actor/routing/rollout_agreement" in out and "route agr" in out
+    # verl's rollout-vs-trainer mismatch (decoupled rollout correction, the scripts' asynchronous modes) per step
+    head = out.splitlines()[next(i for i, line in enumerate(out.splitlines()) if "route agr" in line)].split()
+    assert "mismatch" in head and "ppl" in head
+    assert all(m["rollout_corr/kl"] is not None for m in steps)
 
 
 def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):

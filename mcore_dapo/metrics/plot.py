@@ -66,6 +66,9 @@ def plot_runs(runs: dict[str, dict[int, dict]], out: str | Path) -> Path:
     lines = (("critic/rewards/mean", "critic/score/mean", "reward mean", "reward"),
              ("response_length/mean", None, "response length mean", "tokens"),
              ("e2e_tps", None, "end-to-end throughput (e2e_tps)", "tokens/s/device"))
+    if any("rollout_corr/kl" in m for steps in runs.values() for m in steps.values()):
+        # the rollout against the trainer's old policy (report.COLUMNS): an FP8 rollout or a broken sync shows here
+        lines += (("rollout_corr/kl", None, "rollout vs trainer mismatch: KL(rollout || old policy) (verl)", "nats"),)
     if any("training/off_policy/trajectory_staleness/mean" in m for steps in runs.values() for m in steps.values()):
         # asynchronous modes (metrics/offpolicy.py): staleness, and generation the trainer waited for / hid
         lines += (("training/off_policy/trajectory_staleness/mean", None, "trajectory staleness mean (verl)",

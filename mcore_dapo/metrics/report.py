@@ -8,6 +8,10 @@ COLUMNS = (
     ("e2e_tps", "e2e_tps", ".2f"), ("update_tps", "update_tps", ".2f"), ("vllm_tps", "vllm_tps", ".2f"),
     ("reward", "critic/rewards/mean", ".3f"), ("resp len", "response_length/mean", ".0f"),
     ("route agr", "actor/routing/rollout_agreement", ".4f"),  # rollout vs training top-k sets (MoE)
+    # the rollout against the trainer's old policy (verl's rollout correction, decoupled mode: rollout_corr_helper.py):
+    # KL(rollout || old) and |log PPL(old) - log PPL(rollout)| over the batch; what an FP8 rollout or a broken sync
+    # moves first (bypass mode skips the pass that computes them)
+    ("mismatch kl", "rollout_corr/kl", ".2e"), ("ppl diff", "rollout_corr/log_ppl_abs_diff", ".4f"),
     # asynchronous modes (metrics/offpolicy.py): verl's staleness in model versions, the step's share spent
     # waiting for generation, and the share of a synchronous run's generation time no longer waited for
     ("stale", "training/off_policy/trajectory_staleness/mean", ".2f"),
