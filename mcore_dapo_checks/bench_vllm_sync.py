@@ -37,7 +37,16 @@ def parse_args(argv=None):
     ap.add_argument("--device", choices=("cpu", "cuda", "npu"), default="cpu")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     ap.add_argument("--sync-timeout", type=float, default=1800.0)
-    return ap.parse_args(argv)
+    ap.add_argument("--decode-batches", type=lambda v: [int(x) for x in v.split(",") if x], default=[],
+                    help="after the syncs, time the engine's decode steps at these batch sizes (comma-separated)")
+    ap.add_argument("--decode-tokens", type=int, default=17, help="tokens generated per timed run (at least 2)")
+    a = ap.parse_args(argv)
+    if a.decode_tokens < 2 or any(b < 1 for b in a.decode_batches):
+        from mcore_dapo.errors import UserError
+
+        raise UserError(f"--decode-tokens={a.decode_tokens} --decode-batches={a.decode_batches} are not accepted: "
+                        "accepted are at least 2 tokens and positive batch sizes")
+    return a
 
 
 def _by_layer(tensors: dict) -> list[dict]:
@@ -154,6 +163,10 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
         _status(a, "vLLM vs HF log-probs")
         ours = ray.get(host.prompt_logprobs.remote(fixed))
         ref = _hf_logprobs(a.hf_path, sent, TORCH[dtype], fixed)
+        decode = {}
+        if a.decode_batches:
+            _status(a, "vLLM decode steps")
+            decode = ray.get(host.decode_step_ms.remote(a.decode_batches, a.decode_tokens))
         r = {
             "layout": bridge.layout.describe(), "world_size": info.world_size, "device": a.device, "dtype": dtype,
             "rollout": "vllm", "tensors": ntensors, "bytes": nbytes,
@@ -164,6 +177,9 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
             "engine_params": len(engine_names), "missing": missing[:3], "extra": extra[:3], "differ": len(differ),
             "first_differ": differ[0] if differ else None, "exact": not (missing or extra or differ),
             "logprob_max_diff": max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h)),
+            # ms per decode step by batch size, eager (the engine's enforce_eager): the planner's per-step overhead
+            # on this device, less the bytes a step reads (docs/PLANNER.md, "What would settle the guess")
+            "decode_step_ms": {str(b): ms for b, ms in decode.items()}, "layers": bridge.cfg.num_hidden_layers,
         }
     return r
 
@@ -181,6 +197,9 @@ def render(r: dict) -> str:
          f"NO ({r['differ']} differ, first {r['first_differ']}; missing {r['missing']}; extra {r['extra']})"),
         ("vLLM vs HF log-probs", f"max |diff| {r['logprob_max_diff']:.3g}"),
     ]
+    if r.get("decode_step_ms"):
+        rows.append(("decode step (eager)", ", ".join(f"batch {b}: {ms} ms" for b, ms in r["decode_step_ms"].items())
+                     + f" ({r['layers']} layers)"))
     return kv_table(rows)
 
 

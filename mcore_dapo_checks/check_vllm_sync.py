@@ -166,6 +166,32 @@ class VllmEngineHost:
         return [[d[tok].logprob for d, tok in zip(o.prompt_logprobs[1:], t[1:])] for o, t in zip(outs, tokens)]
 
 
+    def decode_step_ms(self, batches: list[int], tokens: int, prompt_len: int = 8) -> dict[int, float]:
+        """Milliseconds per decode step of this engine at each batch size: ``batches[i]`` sequences of
+        ``prompt_len`` fixed tokens generate 1 and then ``tokens`` tokens (greedy, no early stop), and the
+        difference over ``tokens - 1`` steps is one decode step's time (prefill and scheduling start-up cancel):
+        what the planner's per-step overhead is (docs/PLANNER.md, "Generation": a step's time less the bytes it
+        reads at the memory bandwidth). Each is the best of two runs."""
+        import time as _time
+
+        from vllm import SamplingParams
+
+        out = {}
+        for b in batches:
+            prompts = [{"prompt_token_ids": [(7 * i + j) % 100 + 1 for j in range(prompt_len)]} for i in range(b)]
+            best = {}
+            for n in (1, tokens):
+                p = SamplingParams(max_tokens=n, min_tokens=n, ignore_eos=True, temperature=0.0)
+                runs = []
+                for _ in range(2):
+                    t0 = _time.perf_counter()
+                    self.llm.generate(prompts, p, use_tqdm=False)
+                    runs.append(_time.perf_counter() - t0)
+                best[n] = min(runs)
+            out[b] = round(max(0.0, best[tokens] - best[1]) / (tokens - 1) * 1e3, 3)
+        return out
+
+
 def stacked() -> tuple[str, ...]:
     """Name endings of vLLM's stacked expert weights (FusedMoE), the registered models' (their VllmLayout)."""
     from mcore_dapo.bridge.models import stacked_expert_names

@@ -40,6 +40,9 @@ def test_every_step_on_the_cpu(tmp_path):
         assert sync["verdict"] == "pass", sync
         assert sync["result"]["exact"] and sync["result"]["engine_params"] > 0
         assert sync["result"]["logprob_max_diff"] < 1e-4 and sync["result"]["layout"] == "TP1 PP1 EP2 ETP1"
+        # the engine's decode steps timed at the three batch sizes (a step of the tiny model on the CPU: milliseconds)
+        steps = sync["result"]["decode_step_ms"]
+        assert list(steps) == ["1", "8", "32"] and all(0 < ms < 10_000 for ms in steps.values()), steps
     md = (tmp_path / "selfcheck.md").read_text().splitlines()
     assert all(line.count("|") == 5 for line in md[2:]), md  # a figure with "|" would break the table
     if sync["verdict"] == "pass":

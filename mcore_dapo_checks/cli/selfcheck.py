@@ -21,7 +21,8 @@ failed step does not hide the others:
    vllm-ascend) through verl's ``ServerAdapter.update_weights``, the engine started on dummy weights and
    colocated with rank 0 (:mod:`mcore_dapo_checks.bench_vllm_sync`): the engine's parameters equal the export
    bit for bit, seconds, GB/s, and vLLM's log-probs against HF's on the same weights (< 1e-4 in fp32;
-   reported, not judged, in bf16, where the two use different kernels);
+   reported, not judged, in bf16, where the two use different kernels); then the engine's time per decode step
+   (eager) at batch 1, 8 and 32: the measurement that settles the planner's per-step overhead (docs/PLANNER.md);
 7. ``dapo_update``: one DAPO update through verl's engine path with this plugin's engine (packed
    sequences where the device supports them): tokens/s, peak memory, the planner's prediction.
 
@@ -49,6 +50,9 @@ STEPS = ("env", "model", "megatron_vs_hf", "convert_roundtrip", "export", "rollo
 # rough lower bounds of each step's time (seconds) on an accelerator node / the CPU, for --budget-s
 NEEDS = {"model": (150, 10), "megatron_vs_hf": (60, 40), "convert_roundtrip": (120, 60), "export": (60, 30),
          "rollout_sync": (90, 60), "dapo_update": (180, 150)}
+# rollout_sync also times the engine's decode steps at these batch sizes (eager): the planner's per-step overhead is
+# a guess until a device measures it (docs/PLANNER.md, "What would settle the guess")
+DECODE_BATCHES = "1,8,32"
 CPU_HEAD_DIM = 32  # the tiny model's default 16 is refused by vLLM's CPU attention
 LOGPROB_TOLERANCE_FP32 = 1e-4  # vLLM vs HF log-probs on the same fp32 weights
 # megatron_vs_hf: logits, the training loss and every parameter's gradient against the fp32 HF reference
@@ -177,7 +181,7 @@ class SelfCheck:
             raise Skip("verl is not installed (pip install 'mcore-dapo[verl]')")
         r = self._torchrun("mcore_dapo_checks.bench_vllm_sync",
                            ["--hf-path", str(self._model()), "--device", self.device, "--repeat", "2",
-                            *self.layout.to_argv()])
+                            "--decode-batches", DECODE_BATCHES, *self.layout.to_argv()])
         r["logprob_tolerance"] = LOGPROB_TOLERANCE_FP32 if self.dtype == "fp32" else None
         r["ok"] = bool(r["exact"]) and (self.dtype != "fp32" or r["logprob_max_diff"] < LOGPROB_TOLERANCE_FP32)
         return r
@@ -307,7 +311,8 @@ HEADLINE = {
                         f"(memcpy {r['memcpy_gbps']:.3g} GB/s)",
     "rollout_sync": lambda r: f"engine == export {r['exact']}, {r['seconds']} s, {r['gbps']:.3g} GB/s "
                               f"(memcpy {r['memcpy_gbps']:.3g} GB/s), vLLM vs HF log-probs max abs diff "
-                              f"{r['logprob_max_diff']:.3g}",
+                              f"{r['logprob_max_diff']:.3g}; decode step ms by batch "
+                              f"{', '.join(f'{b}: {ms:g}' for b, ms in r.get('decode_step_ms', {}).items())}",
     "model": lambda r: f"{r['layers']} layers, hidden {r['hidden']}, {r['experts']} experts, "
                        f"{r['bytes'] / 1e9:.3g} GB, layout {r['layout']}",
     "env": lambda r: f"torch {r['versions']['torch']}, megatron-core {r['versions']['megatron-core']}, "
