@@ -179,7 +179,7 @@ def _bench(a, bridge, chunks, info, host, adapter, dtype) -> dict:
             "logprob_max_diff": max(abs(x - y) for o, h in zip(ours, ref) for x, y in zip(o, h)),
             # ms per decode step by batch size, eager (the engine's enforce_eager): the planner's per-step overhead
             # on this device, less the bytes a step reads (docs/PLANNER.md, "What would settle the guess")
-            "decode_step_ms": {str(b): ms for b, ms in decode.items()}, "layers": bridge.cfg.num_hidden_layers,
+            "decode_step_ms": {str(b): ms for b, ms in decode.items()}, "layers": bridge.cfg.num_layers,
         }
     return r
 

@@ -60,8 +60,8 @@ def test_cheaper_rollouts_compose(script, env, want, monkeypatch, capsys):
      f"{R}.quantization=ascend is not accepted: verl 0.9.1 re-quantizes a weight sync on the fly only for fp8 (CUDA) "
      "and vllm-ascend's MX types, not for the INT8 W8A8 rollout of A2, whose int8 parameters would take the sync's "
      "bf16 tensors; accepted is null (bf16)"),
-    (H100, {}, [f"{R}.quantization=torchao"], f"{R}.quantization=torchao is not accepted: accepted are null (bf16) "
-                                               "and fp8"),
+    (H100, {}, [f"{R}.quantization=torchao"], f"{R}.quantization=torchao is not accepted: accepted is null (bf16) "
+                                               "or fp8"),
     (H100, {"ROLLOUT_CORRECTION": "bypass"}, [f"{C}.rollout_rs=seq_mean_k3"],
      f"{C}.bypass_mode=True with rollout_rs=seq_mean_k3: verl 0.9.1's v1 trainer applies no rollout correction in "
      "bypass mode (the PPO ratio against the rollout's log-probs is the correction); accepted with bypass are "

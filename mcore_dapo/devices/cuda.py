@@ -133,6 +133,8 @@ class CudaFastPaths(FastPaths):
 
 
 class CudaRollout(RolloutSettings):
+    quantizations = ("fp8",)  # verl's blockwise e4m3 (vllm_async_server.py _apply_quantization): H100 and newer
+
     def ray_resources(self) -> tuple[dict, dict]:
         return {"num_gpus": 1}, {"num_cpus": 0, "num_gpus": 1}  # the first visible GPU, rank 0's cuda:0
 

@@ -7,6 +7,9 @@ from __future__ import annotations
 class RolloutSettings:
     package: str = "vllm"  # the rollout engine's Python package on this device
     install: str = "pip install 'mcore-dapo[cuda]'"
+    # ``rollout.quantization`` values whose weight syncs verl 0.9.1 re-quantizes on the fly for this device's engine
+    # (verl/utils/vllm/vllm_quant_utils.py ``quant_weights``): none but on CUDA (docs/VERL_PLUGIN.md, "Cheaper rollouts")
+    quantizations: tuple[str, ...] = ()
 
     def __init__(self, adapter):
         self.adapter = adapter

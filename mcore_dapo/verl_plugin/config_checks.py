@@ -355,8 +355,10 @@ def check_rollout_precision(c) -> dict:
     bypass = bool(corr.get("bypass_mode", False))
     quant = r.get("quantization")
     quant = None if quant in (None, "null", "None", "") else str(quant)
+    offered = get_adapter(device).rollout.quantizations if device else ()
+    accepted = "".join(f" or {q}" for q in offered)
     if quant == "fp8":
-        if device != "cuda":
+        if quant not in offered:
             raise UserError(f"{ROLLOUT}.quantization=fp8 on trainer.device={device or 'unset'} is not accepted: "
                             "verl's FP8 rollout runs on CUDA (H100 and newer); accepted here is null (bf16)")
         if bypass or str(corr.get("rollout_is")) != "token":
@@ -367,10 +369,9 @@ def check_rollout_precision(c) -> dict:
         raise UserError(f"{ROLLOUT}.quantization=ascend is not accepted: verl 0.9.1 re-quantizes a weight sync on "
                         "the fly only for fp8 (CUDA) and vllm-ascend's MX types, not for the INT8 W8A8 rollout of "
                         "A2, whose int8 parameters would take the sync's bf16 tensors; accepted is null (bf16)"
-                        + (" or fp8" if device == "cuda" else ""))
+                        + accepted)
     elif quant is not None:
-        raise UserError(f"{ROLLOUT}.quantization={quant} is not accepted: accepted are null (bf16)"
-                        + (" and fp8" if device == "cuda" else ""))
+        raise UserError(f"{ROLLOUT}.quantization={quant} is not accepted: accepted is null (bf16)" + accepted)
     if bypass:
         kept = [k for k in ("rollout_is", "rollout_rs") if corr.get(k) not in (None, "null", "None")]
         if kept:
