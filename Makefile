@@ -14,6 +14,9 @@ SHELL  := /bin/bash
 PYTHON ?= python3
 STACK  ?= main
 PYTEST_ARGS ?=
+# two pytest workers: the files that start torchrun ranks, Ray or vLLM leave part of the 2 cores idle (ranks
+# waiting on each other, processes starting); the other worker fills it (tests/conftest.py, WORKER GROUPS)
+WORKERS ?= 2
 
 ifeq ($(STACK),main)
 VENV   := .venv
@@ -47,7 +50,7 @@ demo: $(STAMP)
 	$(BIN)/mcore-dapo demo --workdir demo-out
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(SELECT) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(WORKERS) $(SELECT) $(PYTEST_ARGS)
 
 check-py310: $(STAMP)
 	$(BIN)/vermin -q --target=3.10- --violations --no-tips --no-make-paths-absolute \
