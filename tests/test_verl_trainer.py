@@ -210,10 +210,16 @@ def check_parts(audit) -> None:
         assert rss == pytest.approx(a["engine_grad_norm"], rel=PARTS_RSS_REL), (a["step"], rss, a["engine_grad_norm"])
         assert part_misses(a) == [], (a["step"], {p: (engine[p], a["reference_part_grad_norms"][p], part_bound(a, p))
                                                   for p in part_misses(a)})
+    # each mutation (a part's gradient scaled) is rejected at every update whose rounding leaves room to see it: where
+    # the part's bound is below the mutation's shift of its norm; every run has such an update. Where the bf16
+    # recomputation of the same update moves the part by more than the shift (a tiny model's gradients near zero: the
+    # A2 vLLM run's attention at its warm-up update, 0.36 of the norm), no bound derived from rounding can see it
     for scale in PART_MUTATIONS:
-        rejected = sum(bool(part_misses(a, scale)) for a in audit)
-        assert rejected >= len(audit) / 2, (scale, [(a["engine_part_grad_norms"], a["reference_part_grad_norms"])
-                                                    for a in audit])
+        (part, s), = scale.items()
+        room = [a for a in audit if part_bound(a, part) < abs(s - 1) * a["reference_part_grad_norms"][part]]
+        assert room and all(part_misses(a, scale) for a in room), (
+            scale, [(a["step"], part_bound(a, part), a["engine_part_grad_norms"][part],
+                     a["reference_part_grad_norms"][part]) for a in audit])
     everything = {p: 1.3 for p in audit[0]["reference_part_grad_norms"]}
     seen = [a for a in audit if any(part_bound(a, p) < 0.3 * r for p, r in a["reference_part_grad_norms"].items())]
     assert len(seen) >= len(audit) / 2 and all(part_misses(a, everything) for a in seen), \
