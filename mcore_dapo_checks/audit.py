@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from mcore_dapo.verl_plugin.registrations import AUDIT_ENV as ENV
-from mcore_dapo.verl_plugin.registrations import HOOK_ENV
+from mcore_dapo.verl_plugin.registrations import HOOK_ENV, SYNC_TRACE_ENV
 
 FIELDS = ("input_ids", "response_mask", "old_log_probs", "advantages")
 ROUTES = "routed_experts"  # [tokens (or tokens - 1), MoE layers, top_k] per sample, when replay is on
@@ -49,7 +49,8 @@ def audit_env(root) -> dict:
     each weight sync left in the engine (:mod:`mcore_dapo_checks.rollout_storage`)."""
     from mcore_dapo_checks.rollout_storage import rollout_env
 
-    return {ENV: str(root), HOOK_ENV: f"{__name__}:audited", **rollout_env()}
+    return {ENV: str(root), HOOK_ENV: f"{__name__}:audited", SYNC_TRACE_ENV: str(Path(root) / "sync.jsonl"),
+            **rollout_env()}
 
 
 def audited(cls):

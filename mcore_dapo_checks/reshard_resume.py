@@ -144,6 +144,7 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
     in place but before the tracker names it."""
     import torch.distributed as dist
 
+    from mcore_dapo.io import output
     from mcore_dapo.verl_plugin import checkpoint
 
     mgr = engine.checkpoint_mananager
@@ -160,14 +161,14 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
 
         mgr._save_dist_checkpoint = save_then_die
     elif point == "tracker":
-        write = checkpoint._write_synced
+        write = output.write_text_atomically
 
         def die_before_the_tracker(path, text):
             if path.name == checkpoint.TRACKER:
                 kill_all()
             write(path, text)
 
-        checkpoint._write_synced = die_before_the_tracker
+        output.write_text_atomically = die_before_the_tracker
     if point == "tracker":  # the save that completes: what it must hold, taken before it
         from mcore_dapo_checks.audit import held_state
 
@@ -295,6 +296,7 @@ def _all_ranks(items: list[str]) -> list[str]:
 def save_run(a) -> dict:
     import torch.distributed as dist
 
+    from mcore_dapo.io import output
     from mcore_dapo.verl_plugin import checkpoint
 
     work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
@@ -322,7 +324,7 @@ def save_run(a) -> dict:
     if rank == 0:
         torch.save({"update": second, "weights": want, "at_save": at_save, "engine_logp": logp,
                     "batch": batches[BATCH_B][0]}, work / "uninterrupted.pt")
-    out = {"layout": engine.mapping.layout.describe(), "first": first, "uninterrupted": second,
+    out = {"layout": engine.mcore_bridge.layout.describe(), "first": first, "uninterrupted": second,
            "save_seconds": round(save_s, 2), "hf_save": engine.bridge.last_save}
     # the same layout: everything loaded, then the weights and RNG alone (a fresh optimizer: the control)
     for name, extra in (("same_layout", ()), ("without_optimizer", (f"{A}.checkpoint.load_contents=[model,extra]",))):
@@ -353,7 +355,7 @@ def resume_run(a) -> dict:
     if dist.get_rank() != 0:
         return None
     ref = torch.load(work / "uninterrupted.pt", weights_only=False)
-    return {"layout": engine.mapping.layout.describe(), "update": r, "uninterrupted": ref["update"],
+    return {"layout": engine.mcore_bridge.layout.describe(), "update": r, "uninterrupted": ref["update"],
             "loaded_vs_saved": against(loaded, ref["at_save"]), "weights": against(got, ref["weights"], ref["at_save"]),
             "load_seconds": round(load_s, 2)}
 
@@ -424,6 +426,7 @@ def bench_run(a) -> dict:
 
     import torch.distributed as dist
 
+    from mcore_dapo.io import output
     from mcore_dapo.verl_plugin import checkpoint
 
     work = Path(a.work)
@@ -466,7 +469,7 @@ def bench_run(a) -> dict:
         parts[name.split("/")[0]] = parts.get(name.split("/")[0], 0) + size
     shutil.rmtree(work / "global_step_1", ignore_errors=True)
     world = len(every)
-    return {"layout": engine.mapping.layout.describe(), "world_size": world,
+    return {"layout": engine.mcore_bridge.layout.describe(), "world_size": world,
             "async_save": bool(mgr.checkpoint_config.async_save),
             "optimizer_format": record["optimizer"]["sharding_type"],
             "blocked_s": round(float(blocked), 3), "persisted_s": round(persisted, 3), "disk_bound_s": round(disk_s, 3),
@@ -486,6 +489,7 @@ def dist_model_save(a) -> dict:
     at the save are written there too."""
     import torch.distributed as dist
 
+    from mcore_dapo.io import output
     from mcore_dapo.verl_plugin import checkpoint
 
     work = Path(a.work) / "dist-model"
@@ -500,7 +504,7 @@ def dist_model_save(a) -> dict:
     at_save = export(engine)
     if dist.get_rank() == 0:
         torch.save({"loaded": loaded, "at_save": at_save}, work / "weights.pt")
-    return {"layout": engine.mapping.layout.describe(),
+    return {"layout": engine.mcore_bridge.layout.describe(),
             "files": sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())}
 
 

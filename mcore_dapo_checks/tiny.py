@@ -114,7 +114,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["reference"]:
         from mcore_dapo.convert.hf_reference import main as reference
 
-        return reference(argv[1:])
+        return reference([*argv[1:], "--grads"])  # the checks compare gradients too (forward_check --backward)
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.tiny")
     ap.add_argument("what", choices=["model"])
     ap.add_argument("path")

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from mcore_dapo.launch_keys import TRAINER_MODES  # --trainer-mode: verl's mode -> the scripts' ASYNC
 from mcore_dapo.resources import common_script, device_script
 
 # the overlong buffer starts past 2 tokens: the taught model's answers (``Answer: N`` and the end of turn,
@@ -36,9 +37,6 @@ ROLLOUTS = ("hf_cpu", "vllm")
 
 REPLAY_MODES = ("off", "R2", "R3")  # --router-replay; the mode itself is the scripts' ROUTER_REPLAY
 
-# --trainer-mode: verl 0.9.1's v1 trainer modes (trainer.v1.trainer_mode) -> the scripts' ASYNC for each
-ASYNC = {"sync": "off", "colocate_async": "colocate", "separate_async": "separate"}
-TRAINER_MODES = tuple(ASYNC)
 # separate_async on the CPU: the rollout's own pool, one slot (one hf_cpu or vLLM server process)
 ROLLOUT_SLOTS = 1
 
@@ -91,7 +89,7 @@ def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = 
            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": str(gen_tp),
            "GEN_EP": str(gen_ep), "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
            # the guide's console logger, and verl's file logger for the metrics this harness reads
-           "LOGGER": '["console","file"]', "ASYNC": ASYNC[trainer_mode]}
+           "LOGGER": '["console","file"]', "ASYNC": TRAINER_MODES[trainer_mode]}
     if trainer_mode == "separate_async":
         from mcore_dapo.devices import get_adapter
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from mcore_dapo.bridge.layout import Layout
+from mcore_dapo.io.hf_reader import INDEX
 from mcore_dapo_checks.verl_dapo import (CLIP, GROUPS, LR, N, PROMPT, RESPONSE, hf_model, make_batch)
 
 MICRO = 2
@@ -189,7 +190,7 @@ def update_sync_save(a, worker, engine, batch, data, after_update=None) -> tuple
                   "metrics": {k: float(v) for k, v in scalar.items() if isinstance(v, (int, float))},
                   "world_size": dist.get_world_size(), "engine": type(engine).__name__,
                   "engine_classes": [c.__name__ for c in type(engine).__mro__ if c.__module__.startswith("mcore_dapo")],
-                  "layout": engine.mapping.layout.describe(), "tensors_synced": len(received),
+                  "layout": engine.mcore_bridge.layout.describe(), "tensors_synced": len(received),
                   # what the engine built from verl's model keys (model_settings): full recompute by default
                   "recompute": [engine.tf_config.recompute_granularity, engine.tf_config.recompute_method,
                                 engine.tf_config.recompute_num_layers],
@@ -250,7 +251,7 @@ def offload_run(a) -> dict:
     folder = Path(a.work) / "offloaded-checkpoint"
     engine.save_checkpoint(str(folder), global_step=1)
     r["after_save"] = storage(engine)
-    found = sorted(p.parent for p in folder.rglob("model.safetensors.index.json"))
+    found = sorted(p.parent for p in folder.rglob(INDEX))
     r["checkpoint_found"] = bool(found)
     if found:
         with HFReader(found[0]) as reader:
@@ -323,7 +324,7 @@ def replay_run(a) -> dict:
     dp, dp_rank = engine.get_data_parallel_size(), engine.get_data_parallel_rank()
     mini = GROUPS * N
     probe = engine._mcore_route_probe
-    result = {"layout": engine.mapping.layout.describe(), "dispatcher": engine.tf_config.moe_token_dispatcher_type,
+    result = {"layout": engine.mcore_bridge.layout.describe(), "dispatcher": engine.tf_config.moe_token_dispatcher_type,
               "routers": len(probe.routers)}
 
     def infer(td):
@@ -458,7 +459,7 @@ def saved_vs_received(engine, receiver, folder: Path) -> dict:
     from mcore_dapo.io.hf_reader import HFReader
 
     engine.save_checkpoint(str(folder), global_step=1)
-    found = sorted(p.parent for p in folder.rglob("model.safetensors.index.json"))
+    found = sorted(p.parent for p in folder.rglob(INDEX))
     if not found:
         return {"checkpoint_hf_tensors": 0, "checkpoint_vs_received": None}
     with HFReader(found[0]) as reader:
@@ -485,7 +486,7 @@ def received_vs_engine(engine, receiver) -> float:
     from mcore_dapo.runtime.model import local_params
     from mcore_dapo.runtime.parallel import parallel_info
 
-    info, bridge = parallel_info(), engine.mapping
+    info, bridge = parallel_info(), engine.mcore_bridge
     worst = torch.zeros(())
     for lp in local_params([unwrap(c) for c in engine.module], bridge, info):
         rank, size = info.group_rank(lp.resolved.mapping.group)

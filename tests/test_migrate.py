@@ -168,7 +168,8 @@ def test_the_guides_rollout_layout_becomes_verls_keys(edit, want, tmp_path):
     """The guide's A2 rollout keys (``+dp_model_parallel_size=${gen_dp}``, ``+enable_expert_parallel=False``)
     become verl 0.9.1's ``data_parallel_size`` and ``expert_parallel_size`` (TP x DP when on, else 1: what verl's
     RolloutConfig accepts); ``rollout_world_size`` is dropped with its reason."""
-    from mcore_dapo.migrate import read_launch, rewrite, value_of
+    from mcore_dapo.launch_keys import value_of
+    from mcore_dapo.migrate import read_launch, rewrite
 
     script = guide_script("a2", tmp_path / "guide.sh")
     text = script.read_text()
@@ -198,7 +199,8 @@ def test_a_bad_expert_parallel_flag_is_one_line():
 def test_the_table_agrees_with_verls_megatron_config():
     """A rule is refused at the entry point exactly where verl 0.9.1's Megatron config lacks the key (its
     generated config, the file verl keeps equal to what Hydra composes), checked on concrete keys of each rule."""
-    from mcore_dapo.migrate import RULES, verl_megatron_config
+    from mcore_dapo.launch_keys import RULES
+    from mcore_dapo.migrate import verl_megatron_config
 
     pytest.importorskip("verl")
     cfg = flat(verl_megatron_config())
@@ -218,11 +220,11 @@ def _prefixes(key: str):
 
 
 def test_the_docs_table_is_the_rules():
-    from mcore_dapo.migrate import markdown_table
+    from mcore_dapo.launch_keys import markdown_table
 
     doc = (REPO / "docs" / "VERL_PLUGIN.md").read_text()
-    assert markdown_table() in doc, ("docs/VERL_PLUGIN.md's table differs from mcore_dapo.migrate.RULES: paste "
-                                     "python -c 'from mcore_dapo.migrate import markdown_table; print(markdown_table())'")
+    assert markdown_table() in doc, ("docs/VERL_PLUGIN.md's table differs from mcore_dapo.launch_keys.RULES: paste "
+                                     "python -c 'from mcore_dapo.launch_keys import markdown_table; print(markdown_table())'")
 
 
 SCRIPT = r'''#!/usr/bin/env bash
@@ -339,3 +341,22 @@ def test_the_plan_takes_the_scripts_micro_batch_lengths_and_offload():
                   "param_offload=True", "actor_rollout_ref.rollout.gpu_memory_utilization=0.7"], "h100", None)
     assert ("--offload param --gpu-memory-utilization 0.7 --micro-batch-tokens 20480 --max-prompt 1024 "
             "--max-response 8192") in p.command
+
+
+def test_the_scripts_async_names_are_the_launch_vocabularys():
+    """configs/dapo/common.sh spells each of verl's trainer modes by the ASYNC name mcore_dapo.launch_keys gives it:
+    the case's arms, the mode each sets, and the accepted list of its refusal."""
+    import re
+
+    from mcore_dapo.launch_keys import TRAINER_MODES
+
+    text = (REPO / "configs" / "dapo" / "common.sh").read_text()
+    block = text[text.index('case "${ASYNC:-off}" in'):]
+    block = block[:block.index("\nesac")]
+    arms = re.findall(r"^    ([a-z]+)\)", block, re.M)
+    assert arms == list(TRAINER_MODES.values())
+    for mode, name in TRAINER_MODES.items():
+        arm = block[block.index(f"    {name})"):]
+        arm = arm[:arm.index(";;")]
+        assert (f"trainer.v1.trainer_mode={mode}" in arm) == (mode != "sync"), (mode, arm)
+    assert f"accepted are {', '.join(TRAINER_MODES.values())}" in block

@@ -384,7 +384,7 @@ PLUGIN_IMPORTS = (
     "mods = sorted(pkg.__name__ + '.' + m.name for pkg in (p, c) for m in pkgutil.iter_modules(pkg.__path__)); "
     "classes = set(sys.argv[1].split(',')); "
     "[importlib.import_module(m) for m in mods if m not in classes and not m.endswith('.enable')]; "
-    "print('verl' in sys.modules, 'megatron' in sys.modules); "
+    "print('verl' in sys.modules, 'megatron' in sys.modules, 'mcore_dapo.migrate' in sys.modules); "
     "[importlib.import_module(m) for m in sorted(classes)]; "
     "from verl.workers.engine.base import EngineRegistry; from verl.plugin.platform.platform_manager import "
     "PlatformRegistry; from verl.workers.rollout import base, replica; "
@@ -403,7 +403,7 @@ PLUGIN_IMPORTS = (
 def test_only_the_entry_point_registers():
     """Every module of the plugin but the entry point registers nothing on import (verl's plugin discovery off, so
     that ``import verl`` does not run the entry point); those that hold no subclass of a verl class do not import
-    verl; every module-level subclass of a verl class is one of the registration table's (or the checkpoint
+    verl, nor Megatron, nor ``migrate``; every module-level subclass of a verl class is one of the registration table's (or the checkpoint
     manager the engine builds, or the gloo transport, which registers itself by verl's contract for
     ``custom_backend_module``); the installed entry point is the module whose import registers."""
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
@@ -411,7 +411,7 @@ def test_only_the_entry_point_registers():
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.strip().splitlines()
-    assert lines[0] == "False False"
+    assert lines[0] == "False False False"  # nor `migrate` (the entry path reads keys from mcore_dapo.launch_keys)
     assert lines[1] == "[] None [] []"  # the gloo transport's own registration is not one of these registries
     assert lines[2].startswith("True "), lines[2]
     code = ("import importlib.metadata as md; "

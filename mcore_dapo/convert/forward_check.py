@@ -178,6 +178,9 @@ def backward(a, chunks, tf, bridge, info, rows, ref, device) -> dict:
 
     from mcore_dapo.errors import UserError
 
+    if "grads" not in ref:
+        raise UserError("--backward compares gradients, and the reference holds none: make it with "
+                        "python -m mcore_dapo.convert.hf_reference ... --grads")
     # the reference's loss runs over as many logits as the model's padded output layer has
     padded = ref.get("padded_vocab") or bridge.cfg.vocab_size
     if padded != bridge.dims.padded_vocab_size:

@@ -99,14 +99,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--padded-vocab", type=int, default=None,
                     help="the training loss's gradients over this many logits (zero rows past the vocabulary)")
+    ap.add_argument("--grads", action="store_true",
+                    help="also the training loss and its gradients (what forward_check --backward compares)")
     a = ap.parse_args(argv)
     vocab = json.loads((Path(a.path) / "config.json").read_text())["vocab_size"]
     b = tiny_batch(vocab, a.batch, a.seq)
-    # the training loss of forward_check --backward: next-token labels, a token-mean over the batch's loss mask
-    loss, grads = hf_reference_grads(a.path, b["tokens"], b["labels"], a.padded_vocab, b["attention_mask"],
-                                     b["loss_mask"])
-    torch.save({**b, "logits": hf_reference_logits(a.path, b["tokens"], a.dtype, b["attention_mask"]),
-                "loss": loss, "grads": grads, "padded_vocab": a.padded_vocab}, a.out)
+    out = {**b, "logits": hf_reference_logits(a.path, b["tokens"], a.dtype, b["attention_mask"]),
+           "padded_vocab": a.padded_vocab}
+    if a.grads:  # the training loss of forward_check --backward: next-token labels, a token-mean over the loss mask
+        out["loss"], out["grads"] = hf_reference_grads(a.path, b["tokens"], b["labels"], a.padded_vocab,
+                                                       b["attention_mask"], b["loss_mask"])
+    torch.save(out, a.out)
     return 0
 
 

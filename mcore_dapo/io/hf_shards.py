@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mcore_dapo.io.hf_reader import INDEX
 from mcore_dapo.io.safetensors_writer import write_safetensors
 
 SHARD_BYTES = 4 << 30
@@ -61,7 +62,7 @@ def finalize_shards(folder: Path, parts: list[dict], order: list[str]) -> dict:
             total += info.end - info.start
     index = {"metadata": {"total_size": total},
              "weight_map": {k: weight_map[k] for k in sorted(weight_map, key=lambda n: pos[n])}}
-    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (folder / INDEX).write_text(json.dumps(index, indent=2))
     return index
 
 

@@ -15,8 +15,6 @@ import uuid
 import zlib
 from pathlib import Path
 
-import torch
-
 from mcore_dapo.errors import UserError
 
 MANIFEST = "mcore_dapo_manifest.json"
@@ -73,16 +71,33 @@ def staged(out: Path, overwrite: bool):
         raise
 
 
-def checksum(t: torch.Tensor) -> str:
+def write_text_atomically(path: str | Path, text: str, mode: int | None = None) -> None:
+    """``text`` into ``path`` through a hidden sibling, flushed to disk and renamed over it: a reader, or a crash,
+    sees the old content or the new, never half (a manifest, verl's tracker, a migrated script). ``mode``: the new
+    file's permissions. A failed write removes the sibling and raises."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.partial-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            tmp.chmod(mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def checksum(t) -> str:
     """crc32 of the tensor's bytes (dtype and layout as stored)."""
     data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
 
 def write_manifest(folder: Path, manifest: dict) -> None:
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, **manifest}, indent=1, sort_keys=True))
-    tmp.rename(folder / MANIFEST)
+    write_text_atomically(folder / MANIFEST, json.dumps({"format": FORMAT, **manifest}, indent=1, sort_keys=True))
 
 
 def read_manifest(folder: str | Path) -> dict:

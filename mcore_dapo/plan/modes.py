@@ -38,9 +38,10 @@ from pathlib import Path
 
 from mcore_dapo.bridge import HFModelConfig
 from mcore_dapo.errors import UserError
+from mcore_dapo.launch_keys import TRAINER_MODES
 from mcore_dapo.plan.workload import Workload
 
-MODES = ("sync", "colocate_async", "separate_async")
+MODES = tuple(TRAINER_MODES)  # verl 0.9.1's v1 trainer modes
 # tokens/s against sync, verl-project/verl docs/advance/v1_async_trainer.md ("V1 trainer all modes")
 VERL_PUBLISHED = {"sync": 0.0, "colocate_async": 0.564, "separate_async": 0.562}
 VERL_SOURCE = ("verl docs/advance/v1_async_trainer.md: Qwen3.5-35B-A3B, Megatron TP2 PP2 CP2 EP4, 4 nodes, "

@@ -28,7 +28,7 @@ of a ZMQ socket. Two checks verl's engines do not make:
   :meth:`mcore_dapo.verl_cpu.rollout.CpuRolloutServer.commit`): a sync cut short or corrupted leaves the rollout on
   the weights it had.
 
-With ``MCORE_DAPO_AUDIT_DIR`` set, each side appends one JSON line per sync to ``<dir>/sync.jsonl`` (side, rank,
+With ``MCORE_DAPO_SYNC_TRACE=F`` set, each side appends one JSON line per sync to the file ``F`` (side, rank,
 step, entries, bytes, hash): ``send`` and ``receive`` hash the chunks on the wire, ``export`` the whole tensors the
 trainer yielded, as the ``hf_cpu`` server's ``commit`` line hashes what it loaded; the tests compare them.
 """
@@ -47,7 +47,7 @@ import torch
 from verl.checkpoint_engine.base import (CheckpointEngine, CheckpointEngineRegistry, merge_weight_chunks,
                                          split_weight_chunks)
 
-from mcore_dapo.verl_plugin.registrations import AUDIT_ENV
+from mcore_dapo.verl_plugin.registrations import SYNC_TRACE_ENV
 
 NAME = "gloo"
 
@@ -84,13 +84,13 @@ class StreamHash:
 
 
 def record(side: str, rank: int, step, h: StreamHash, seconds: float) -> None:
-    root = os.environ.get(AUDIT_ENV)
-    if not root:
+    trace = os.environ.get(SYNC_TRACE_ENV)
+    if not trace:
         return
     line = {"side": side, "rank": rank, "step": step, "entries": h.entries, "bytes": h.bytes,
             "hash": h.hexdigest(), "seconds": round(seconds, 3), "pid": os.getpid()}
-    Path(root).mkdir(parents=True, exist_ok=True)
-    with open(Path(root) / "sync.jsonl", "a") as f:
+    Path(trace).parent.mkdir(parents=True, exist_ok=True)
+    with open(trace, "a") as f:
         f.write(json.dumps(line) + "\n")
 
 

@@ -110,9 +110,9 @@ def engine_record(engine, sharding_type: str | None = None) -> dict:
     distributed optimizer is saved in (default: a periodic save's)."""
     import torch.distributed as dist
 
-    layout = engine.mapping.layout
+    layout = engine.mcore_bridge.layout
     distributed = bool(engine.engine_config.use_distributed_optimizer)
-    return {"model": describe_model(engine.mapping.cfg, layout),
+    return {"model": describe_model(engine.mcore_bridge.cfg, layout),
             "layout": {**layout.as_dict(), "world_size": dist.get_world_size()},
             "optimizer": {"distributed": distributed,
                           "sharding_type": sharding_type if distributed and sharding_type else
@@ -353,7 +353,7 @@ def complete(mgr, partial: Path, final: Path, hdfs_path, global_step, max_ckpt_t
                   "rng": "per_rank", "written_by": {"mcore_dapo": _version(),
                                                     **{k: versions.installed(k) for k in versions.SUPPORTED}},
                   "files": file_sizes(partial)}
-        _write_synced(partial / RESUME_FILE, json.dumps(record, indent=1, sort_keys=True))
+        output.write_text_atomically(partial / RESUME_FILE, json.dumps(record, indent=1, sort_keys=True))
         output.finish(partial, final, overwrite=True)  # a complete checkpoint of the same step is replaced
         if hdfs_path is not None:  # as verl's _finalize_save: one recursive copy on rank 0
             from verl.utils import hdfs_io
@@ -361,19 +361,9 @@ def complete(mgr, partial: Path, final: Path, hdfs_path, global_step, max_ckpt_t
             hdfs_io.makedirs(hdfs_path, exist_ok=True)
             hdfs_io.copy(src=str(final), dst=hdfs_path, dirs_exist_ok=True)
         if tracker:
-            _write_synced(final.parent.parent / TRACKER, str(int(global_step)))
+            output.write_text_atomically(final.parent.parent / TRACKER, str(int(global_step)))
     dist.barrier()
     mgr.register_checkpoint(str(final), max_ckpt_to_keep)
-
-
-def _write_synced(path: Path, text: str) -> None:
-    """``text`` into ``path`` through a temporary file renamed over it: the old content or the new, never half."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.rename(path)
 
 
 def _version() -> str:

@@ -11,6 +11,7 @@ from mcore_dapo.bridge import Layout, load_hf_config
 from mcore_dapo.bridge.models import architectures
 from mcore_dapo.devices import get_adapter
 from mcore_dapo.errors import UserError
+from mcore_dapo.launch_keys import TRAINER_MODES
 
 PACKING = "actor_rollout_ref.model.use_remove_padding"  # True: verl packs sequences (THD)
 
@@ -387,7 +388,6 @@ def check_rollout_precision(c) -> dict:
     return {"rollout_dtype": quant or "bf16", "old_log_prob": "rollout's (bypass)" if bypass else "recomputed"}
 
 
-TRAINER_MODES = ("sync", "colocate_async", "separate_async")  # verl 0.9.1's registered V1 trainers
 SEPARATE = "separate_async"
 
 

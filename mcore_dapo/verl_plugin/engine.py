@@ -150,7 +150,7 @@ def _build_tf_config(engine) -> None:
         str(engine.engine_config.dtype), torch.float32)
     engine.dtype = engine.param_dtype
     dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
-    engine.mapping = Bridge(cfg, Layout.from_megatron(engine.engine_config))
+    engine.mcore_bridge = Bridge(cfg, Layout.from_megatron(engine.engine_config))
     fields, flags = split_overrides(engine.engine_config.override_transformer_config)
     # verl's megatron.yaml declares fields as null (recompute_granularity, ...): not set, so the mapping's stand
     fields = {k: v for k, v in fields.items() if v is not None}
@@ -165,7 +165,7 @@ def _build_tf_config(engine) -> None:
     from mcore_dapo.verl_plugin import model_settings
 
     # verl's keys outside override_transformer_config (model_settings): honoured, the user's fields win
-    ec, layout = engine.engine_config, engine.mapping.layout
+    ec, layout = engine.engine_config, engine.mcore_bridge.layout
     fields = {**model_settings.dropout_fields(engine.model_config.override_config), **fields}
     engine.mcore_config_kw = dict(
         recompute=model_settings.recompute(engine.model_config.enable_gradient_checkpointing,
@@ -180,7 +180,7 @@ def _build_tf_config(engine) -> None:
     replay = bool(fields.get("moe_enable_routing_replay"))
     adapter.fast.check_overrides(cfg, layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
                                       replay=replay)
-    fields = fast_path_overrides(engine.mapping, adapter, fields, dispatcher=engine.mcore_dispatcher,
+    fields = fast_path_overrides(engine.mcore_bridge, adapter, fields, dispatcher=engine.mcore_dispatcher,
                                  wrapped_in_ddp=not ec.forward_only)
     engine.mcore_overrides = fields = _attention_backend(fields, adapter)
     tf = build_transformer_config(cfg, layout, fields, dtype=dtype, aux_loss_coeff=0.0,
@@ -188,7 +188,7 @@ def _build_tf_config(engine) -> None:
     from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
 
     # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
-    engine.bridge = HFWeightsIO(engine.mapping, engine.param_dtype)
+    engine.bridge = HFWeightsIO(engine.mcore_bridge, engine.param_dtype)
     engine.tf_config, engine.provider, engine.vanilla_bridge = tf, None, True
     engine.peft_cls = None
 
@@ -211,7 +211,7 @@ def _build_megatron_module(engine):
 
     adapter = get_adapter()
     adapter.apply_patches()
-    chunks, tf = build_model(engine.mapping, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
+    chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
                              aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher,
                              wrapped_in_ddp=not engine.engine_config.forward_only, **engine.mcore_config_kw)
     engine._mcore_routing_metrics = {}
@@ -220,7 +220,7 @@ def _build_megatron_module(engine):
 
         for _, router in model_routers(chunks):
             router.weight.requires_grad_(False)
-    if engine.mapping.cfg.is_moe:  # routing agreement, from the routing maps the routers return
+    if engine.mcore_bridge.cfg.is_moe:  # routing agreement, from the routing maps the routers return
         from mcore_dapo.verl_plugin.router_replay import RouteProbe
 
         engine._mcore_route_probe = RouteProbe(chunks, tf)
@@ -256,7 +256,7 @@ def export_weights(engine):
 
     exporter = getattr(engine, "_mcore_exporter", None)
     if exporter is None:
-        exporter = WeightExporter(engine.module, engine.mapping, parallel_info(), dtype=engine.param_dtype)
+        exporter = WeightExporter(engine.module, engine.mcore_bridge, parallel_info(), dtype=engine.param_dtype)
         engine._mcore_exporter = exporter
     return exporter.iter_weights()
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from mcore_dapo.io.hf_reader import INDEX
 from mcore_dapo.io.hf_shards import SHARD_BYTES
 
 
@@ -106,6 +107,6 @@ def keep_beside_weights(old: Path, new: Path) -> None:
     if not old.is_dir():
         return
     for p in old.iterdir():
-        weights = p.name.endswith(".safetensors") or p.name == "model.safetensors.index.json"
+        weights = p.name.endswith(".safetensors") or p.name == INDEX
         if p.is_file() and not weights and not (new / p.name).exists():
             shutil.copy2(p, new / p.name)

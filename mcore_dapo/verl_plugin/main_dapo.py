@@ -46,8 +46,8 @@ def verl_validate(c) -> None:
 
 def refuse_fsdp_keys(overrides: list[str]) -> None:
     """Under ``actor.strategy=megatron``, the FSDP-era keys that would not compose, all in one line with their
-    replacements (mcore_dapo/migrate.py's table), before Hydra stops at the first."""
-    from mcore_dapo.migrate import STRATEGY_KEY, fsdp_keys, value_of
+    replacements (mcore_dapo/launch_keys.py's table), before Hydra stops at the first."""
+    from mcore_dapo.launch_keys import STRATEGY_KEY, fsdp_keys, value_of
 
     if value_of(overrides, STRATEGY_KEY) != "megatron":
         return

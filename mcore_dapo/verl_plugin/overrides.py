@@ -13,7 +13,7 @@ is megatron and no ``model_engine`` is given.
 from __future__ import annotations
 
 from mcore_dapo.errors import UserError
-from mcore_dapo.migrate import STRATEGY_KEY, value_of  # the one table of keys; imports no verl
+from mcore_dapo.launch_keys import STRATEGY_KEY, value_of
 
 MAIN_MODULES = ("verl.trainer.main_ppo",)
 

@@ -33,7 +33,8 @@ import sys
 from dataclasses import dataclass
 
 HOOK_ENV = "MCORE_DAPO_ENGINE_HOOK"  # "module:function" wrapping each engine class before it is registered
-AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # where an audit writes (read by the audit, and by the gloo checkpoint engine)
+AUDIT_ENV = "MCORE_DAPO_AUDIT_DIR"  # where an audit writes (read by the audit)
+SYNC_TRACE_ENV = "MCORE_DAPO_SYNC_TRACE"  # a file: the gloo checkpoint engine's line per side of each sync
 ENGINE_ENV = "MCORE_DAPO_VERL_ENGINE"  # "0": verl's own engines on CUDA and Ascend
 ENGINE_PACKAGE = "verl.workers.engine"
 ROLLOUT_PACKAGE = "verl.workers.rollout"

@@ -59,7 +59,9 @@ def _validated(a):
         get_adapter(a.device).rollout.check_model(cfg.head_dim)  # vLLM's CPU attention: its head sizes
     if a.output_ring < 0:
         raise accepted("--output-ring", a.output_ring, "0 or more")
-    if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")):
+    from mcore_dapo.io.hf_reader import INDEX
+
+    if not any((Path(a.hf_path) / f).is_file() for f in ("model.safetensors", INDEX)):
         raise UserError(f"no safetensors weights in {a.hf_path!r}: sync-bench needs a checkpoint, not only a config")
     return layout, nproc
 

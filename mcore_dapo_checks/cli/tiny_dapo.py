@@ -104,7 +104,7 @@ WARMUP_KEY = "actor_rollout_ref.actor.optim.lr_warmup_steps"
 def _warmup(overrides) -> int | None:
     """The run's warm-up in steps: an override's, else the CPU run's own; None where the overrides set it by
     ratio or decay steps (main_dapo's check of the composed config refuses those in one line before Ray)."""
-    from mcore_dapo.migrate import value_of
+    from mcore_dapo.launch_keys import value_of
     from mcore_dapo_checks.tiny_dapo import WARMUP
 
     optim = WARMUP_KEY.rpartition(".")[0]

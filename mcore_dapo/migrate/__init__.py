@@ -1,12 +1,12 @@
 """``mcore-dapo migrate SCRIPT``: a verl FSDP launch (the guide's, verl 0.6.x) as a verl 0.9.1 Megatron launch.
 
-The table :data:`RULES` is the one place where the FSDP-era keys and their Megatron replacements live:
+The table :data:`mcore_dapo.launch_keys.RULES` holds the FSDP-era keys and their Megatron replacements:
 ``migrate`` applies it, the entry point (:mod:`mcore_dapo.verl_plugin.main_dapo`) refuses with it the keys that
 do not compose under ``actor.strategy=megatron``, and docs/VERL_PLUGIN.md's table is checked against it by a test.
 
 What ``migrate`` does with a launch:
 
-1. reads it: a bash script (its variable assignments, ``export`` lines and the ``python3 -m
+1. reads it (:mod:`mcore_dapo.migrate.bash_reader`): a bash script (its variable assignments, ``export`` lines and the ``python3 -m
    recipe.dapo.main_dapo`` / ``verl.trainer.main_ppo`` command, expanded as bash would: ``${VAR}``,
    ``${VAR:-default}``, ``$((arithmetic))``, quotes, line continuations) or a file of ``key=value`` overrides;
 2. rewrites each override through :data:`RULES` (renamed, dropped with the reason, or derived); an override
@@ -21,379 +21,20 @@ The output is a bash script; nothing is written to ``--out`` unless the whole sc
 
 from __future__ import annotations
 
-import ast
-import fnmatch
 import json
 import math
-import operator
 import os
 import re
 import shlex
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from mcore_dapo.errors import UserError
+from mcore_dapo.launch_keys import (NEW_ENTRY, RULES, STRATEGIES, STRATEGY_KEY, TRAINER_MODES, rule_for,
+                                    split_override, value_of)
+from mcore_dapo.migrate.bash_reader import read_launch
 from mcore_dapo.resources import configs_dir, model_config
-
-ENTRY_MODULES = ("recipe.dapo.main_dapo", "verl.trainer.main_ppo", "mcore_dapo.verl_plugin.main_dapo")
-NEW_ENTRY = "mcore_dapo.verl_plugin.main_dapo"
-STRATEGY_KEY = "actor_rollout_ref.actor.strategy"
-STRATEGIES = ("fsdp", "fsdp2", "megatron")
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One FSDP-era key. ``pattern``: the key without its ``+``/``++`` prefix (``*`` within a path);
-    ``to``: the Megatron key (``None``: dropped); ``why``: the reason, printed beside it in the output;
-    ``composes``: whether verl 0.9.1 composes the old key on the Megatron path at all (the entry point refuses
-    those that do not, all in one line); ``add``: the new key takes a ``+`` (not in verl's schema)."""
-
-    pattern: str
-    to: str | None
-    why: str
-    composes: bool = False
-    add: bool = False
-
-    def target(self, key: str) -> str | None:
-        """The new key for ``key`` (``*`` in ``to`` takes what ``*`` matched in the pattern)."""
-        if self.to is None:
-            return None
-        if "*" not in self.to:
-            return self.to
-        m = re.fullmatch(re.escape(self.pattern).replace(r"\*", "([^.]+)"), key)
-        parts = iter(m.groups() if m else ())
-        return re.sub(r"\*", lambda _: next(parts), self.to)
-
-
-# verl 0.6.x (the guide's FSDP script) -> verl 0.9.1 on Megatron. Read in verl 0.9.1:
-# verl/trainer/config/_generated_ppo_megatron_trainer.yaml (what composes), verl/workers/config/engine.py
-# (McoreEngineConfig), verl/experimental/reward_loop/reward_loop.py (the legacy reward_model.reward_manager),
-# verl/trainer/ppo/v1/trainer_base.py (data.gen_batch_size and max_num_gen_batches under filter groups),
-# verl/workers/config/rollout.py (RolloutConfig: data_parallel_size, expert_parallel_size).
-RULES: tuple[Rule, ...] = (
-    Rule("actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.megatron.param_offload",
-         "Megatron's parameter offload"),
-    Rule("actor_rollout_ref.actor.fsdp_config.optimizer_offload", "actor_rollout_ref.actor.megatron.optimizer_offload",
-         "Megatron's optimizer offload"),
-    Rule("actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.ref.megatron.param_offload",
-         "Megatron's parameter offload"),
-    Rule("actor_rollout_ref.actor.fsdp_config.model_dtype", "actor_rollout_ref.actor.megatron.dtype",
-         "the Megatron engine's dtype"),
-    Rule("actor_rollout_ref.*.fsdp_config.*", None, "FSDP only: the Megatron layout replaces FSDP's sharding"),
-    Rule("actor_rollout_ref.actor.grad_clip", "actor_rollout_ref.actor.optim.clip_grad",
-         "the Megatron optimizer's gradient clipping"),
-    Rule("actor_rollout_ref.*.ulysses_sequence_parallel_size", None,
-         "FSDP only: Megatron's sequence split is the layout's context_parallel_size"),
-    Rule("actor_rollout_ref.*.use_torch_compile", None,
-         "FSDP only: verl 0.9.1's Megatron engine does not read it (verl/workers/engine/megatron)", composes=True),
-    Rule("reward_model.reward_manager", "reward.reward_manager.name",
-         "verl 0.9.1's key (the old one is copied over by verl/experimental/reward_loop/reward_loop.py)",
-         composes=True),
-    Rule("reward_model.overlong_buffer.*", "reward.reward_kwargs.overlong_buffer_cfg.*",
-         "verl 0.9.1's DAPO reward manager takes its overlong buffer as a reward_kwargs entry, beside "
-         "max_resp_len (data.max_response_length, added)", add=True),
-    Rule("actor_rollout_ref.rollout.dp_model_parallel_size", "actor_rollout_ref.rollout.data_parallel_size",
-         "verl 0.9.1's rollout data parallelism (vLLM's data_parallel_size a replica)"),
-    Rule("actor_rollout_ref.rollout.rollout_world_size", None,
-         "verl 0.9.1 makes (rollout devices) / (TP x DP) replicas itself (verl/workers/rollout/llm_server.py)"),
-    Rule("actor_rollout_ref.rollout.enable_expert_parallel", "actor_rollout_ref.rollout.expert_parallel_size",
-         "True -> TP x DP, False -> 1: verl 0.9.1 asserts expert_parallel_size is 1 or TP x DP and starts vLLM with "
-         "enable_expert_parallel above 1 (verl/workers/config/rollout.py, vllm_async_server.py)"),
-    Rule("data.gen_batch_size", "algorithm.filter_groups.max_inflight_gen_batches",
-         "with filter groups, verl 0.9.1's v1 trainer sets gen_batch_size to 1 and bounds the prompts in flight "
-         "by max_inflight_gen_batches x train_batch_size (gen_batch_size / train_batch_size, rounded up)",
-         composes=True),
-    Rule("algorithm.filter_groups.max_num_gen_batches", None,
-         "ignored by verl 0.9.1's v1 trainer (a warning); max_inflight_gen_batches bounds the refills", composes=True),
-)
-
-
-def markdown_table() -> str:
-    """docs/VERL_PLUGIN.md's table of the guide's keys (a test checks the doc holds exactly this)."""
-    rows = ["| guide (verl 0.6.x, FSDP) | verl 0.9.1, Megatron | why |", "|---|---|---|"]
-    for r in RULES:
-        to = f"`{'+' if r.add else ''}{r.to}`" if r.to else "dropped"
-        rows.append(f"| `{r.pattern}` | {to} | {r.why}{'' if r.composes else ' (refused under strategy=megatron)'} |")
-    return "\n".join(rows)
-
-
-def rule_for(key: str) -> Rule | None:
-    """The first rule whose pattern matches ``key`` (without its ``+`` prefix)."""
-    key = key.lstrip("+~")
-    return next((r for r in RULES if fnmatch.fnmatchcase(key, r.pattern) and _same_depth(r.pattern, key)), None)
-
-
-def _same_depth(pattern: str, key: str) -> bool:
-    return pattern.count(".") == key.count(".")
-
-
-def split_override(o: str) -> tuple[str, str, str]:
-    """(prefix ``+``/``++``/``~``, key, value) of a Hydra override."""
-    m = re.match(r"^([+~]*)([^=]*)=?(.*)$", o, re.S)
-    return m.group(1), m.group(2), m.group(3)
-
-
-def value_of(overrides: list[str], key: str) -> str | None:
-    """The value the last override of ``key`` sets (``+``/``~`` prefixes and quotes stripped), None without one;
-    also the plugin's rewrite of the overrides (:mod:`mcore_dapo.verl_plugin.overrides`)."""
-    found = None
-    for o in overrides:
-        k, sep, v = o.lstrip("+~").partition("=")
-        if sep and k == key:
-            found = v.strip("'\"")
-    return found
-
-
-def replacement(rule: Rule, key: str) -> str:
-    new = rule.target(key)
-    return f"-> {'+' if rule.add else ''}{new}" if new else f"dropped: {rule.why}"
-
-
-def fsdp_keys(overrides: list[str]) -> list[str]:
-    """``key -> replacement`` for each override that does not compose on verl 0.9.1's Megatron path (the
-    entry point's one-line refusal under ``actor.strategy=megatron``)."""
-    out = []
-    for o in overrides:
-        _, key, _ = split_override(o)
-        rule = rule_for(key)
-        if rule is not None and not rule.composes:
-            out.append(f"{key} {replacement(rule, key)}")
-    return out
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Reading a launch: the subset of bash that launch scripts use.
-
-_ASSIGN = re.compile(r"^\s*(?:export\s+)?[A-Za-z_]\w*=")
-_NAME = re.compile(r"[A-Za-z_]\w*")
-
-
-@dataclass
-class Launch:
-    source: str
-    overrides: list[str]
-    exports: dict[str, str] = field(default_factory=dict)
-    variables: dict[str, str] = field(default_factory=dict)
-    entry: str | None = None
-
-
-class _Shell:
-    """Expands words the way bash does for the constructs launch scripts use; anything else (command
-    substitution, an unset variable under ``set -u``) is one line naming it."""
-
-    def __init__(self, source: str, env: dict[str, str]):
-        self.source = source
-        self.vars: dict[str, str] = {}
-        self.env = env
-        self.line = 0
-
-    def _fail(self, what: str) -> UserError:
-        return UserError(f"{self.source}:{self.line}: {what}")
-
-    def lookup(self, name: str, default: str | None = None) -> str:
-        if name in self.vars:
-            return self.vars[name]
-        if name in self.env:
-            return self.env[name]
-        if default is not None:
-            return default
-        raise self._fail(f"${{{name}}} is used but the script does not set it: set it in the script or the environment")
-
-    def arith(self, expr: str) -> str:
-        expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: self.lookup(m.group(1)), expr)
-        expr = _NAME.sub(lambda m: self.lookup(m.group(0), "0"), expr)
-        ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.floordiv,
-               ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-
-        def ev(n):
-            if isinstance(n, ast.Expression):
-                return ev(n.body)
-            if isinstance(n, ast.Constant) and isinstance(n.value, int):
-                return n.value
-            if isinstance(n, ast.BinOp) and type(n.op) in ops:
-                return ops[type(n.op)](ev(n.left), ev(n.right))
-            if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
-                return -ev(n.operand)
-            raise ValueError
-        try:
-            return str(ev(ast.parse(expr.strip(), mode="eval")))
-        except (ValueError, SyntaxError, ZeroDivisionError):
-            raise self._fail(f"$(({expr})) is not an integer expression this reader evaluates") from None
-
-    def dollar(self, s: str, i: int) -> tuple[str, int]:
-        """Expand the ``$`` construct at ``s[i]``; (text, index after it)."""
-        if s.startswith("$((", i):
-            depth, j = 0, i + 1
-            while j < len(s):
-                depth += {"(": 1, ")": -1}.get(s[j], 0)
-                if depth == 0:
-                    break
-                j += 1
-            if j >= len(s) or s[j - 1] != ")":
-                raise self._fail(f"unterminated {s[i:i + 20]}")
-            return self.arith(s[i + 3:j - 1]), j + 1
-        if s.startswith("$(", i) or s.startswith("$`", i):
-            raise self._fail(f"command substitution {s[i:i + 30]}... is not evaluated: write the value itself")
-        if s.startswith("${", i):
-            j = s.find("}", i)
-            if j < 0:
-                raise self._fail(f"unterminated {s[i:i + 20]}")
-            body = s[i + 2:j]
-            m = re.fullmatch(r"([A-Za-z_]\w*)(?::?-(.*))?", body, re.S)
-            if not m:
-                raise self._fail(f"${{{body}}} is not a form this reader expands (${{VAR}}, ${{VAR:-default}})")
-            default = self.expand_text(m.group(2)) if m.group(2) is not None else None
-            return self.lookup(m.group(1), default), j + 1
-        if s.startswith("$@", i) or s.startswith("$*", i):
-            return "\0@", i + 2
-        m = _NAME.match(s, i + 1)
-        if m:
-            return self.lookup(m.group(0)), m.end()
-        return "$", i + 1
-
-    def expand_text(self, s: str) -> str:
-        return self.expand_until(s, 0, None)[0]
-
-    def expand_until(self, s: str, i: int, stop: str | None) -> tuple[str, int]:
-        """``s`` from ``i`` up to ``stop`` (or the end) as bash expands a double-quoted word: ``$`` forms and the
-        backslash escapes of ``" \\ $ ` ``; (text, index of ``stop`` or ``len(s)``)."""
-        out = []
-        while i < len(s) and s[i] != stop:
-            if s[i] == "\\" and i + 1 < len(s) and s[i + 1] in '"\\$`':
-                out.append(s[i + 1])
-                i += 2
-            elif s[i] == "$":
-                t, i = self.dollar(s, i)
-                out.append(t)
-            else:
-                out.append(s[i])
-                i += 1
-        return "".join(out), i
-
-    def words(self, s: str) -> list[str]:
-        words, cur, have, i = [], [], False, 0
-        while i < len(s):
-            c = s[i]
-            if c in " \t\n":
-                if have:
-                    words.append("".join(cur))
-                cur, have, i = [], False, i + 1
-            elif c == "#" and not have:
-                j = s.find("\n", i)
-                i = len(s) if j < 0 else j
-            elif c == ";" or c == "&" or c == "|":
-                if have:
-                    words.append("".join(cur))
-                words.append(c)
-                cur, have, i = [], False, i + 1
-            elif c == "'":
-                j = s.find("'", i + 1)
-                if j < 0:
-                    raise self._fail("unterminated single quote")
-                cur.append(s[i + 1:j])
-                have, i = True, j + 1
-            elif c == '"':
-                text, j = self.expand_until(s, i + 1, '"')
-                if j >= len(s):
-                    raise self._fail("unterminated double quote")
-                cur.append(text)
-                have, i = True, j + 1
-            elif c == "\\":
-                if i + 1 < len(s) and s[i + 1] != "\n":
-                    cur.append(s[i + 1])
-                    have = True
-                i += 2
-            elif c == "$":
-                t, i = self.dollar(s, i)
-                cur.append(t)
-                have = True
-            else:
-                cur.append(c)
-                have, i = True, i + 1
-        if have:
-            words.append("".join(cur))
-        return words
-
-
-def _logical_lines(text: str):
-    """(first line number, line) with backslash-newline continuations joined."""
-    buf, start = [], None
-    for n, line in enumerate(text.splitlines(), 1):
-        if start is None:
-            start = n
-        if line.rstrip().endswith("\\") and not line.lstrip().startswith("#"):
-            buf.append(line.rstrip()[:-1] + " ")
-            continue
-        buf.append(line)
-        yield start, "".join(buf)
-        buf, start = [], None
-    if buf:
-        yield start, "".join(buf)
-
-
-def _entry(words: list[str]) -> int | None:
-    """Index of the first override after ``python -m <entry module>`` in ``words``."""
-    for i in range(len(words) - 2):
-        if Path(words[i]).name.startswith("python") and words[i + 1] == "-m" and words[i + 2] in ENTRY_MODULES:
-            return i + 2
-    return None
-
-
-def read_launch(path: str | Path, env: dict[str, str] | None = None) -> Launch:
-    """The overrides (expanded), exports and variables of a launch script, or of a file of overrides."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UserError(f"SCRIPT={str(path)!r} cannot be read ({e.strerror}): accepted is a bash launch script "
-                        "or a file of key=value overrides") from None
-    sh = _Shell(path.name, dict(os.environ) if env is None else env)
-    launch: Launch | None = None
-    exports: dict[str, str] = {}
-    for n, line in _logical_lines(text):
-        sh.line = n
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#"):
-            continue
-        if any(f"-m {m}" in re.sub(r"\s+", " ", line) for m in ENTRY_MODULES):
-            words = sh.words(line)
-            i = _entry(words)
-            if i is not None:
-                args = []
-                for w in words[i + 1:]:
-                    if w in (";", "&", "|"):
-                        break
-                    if w != "\0@":
-                        args.append(w.replace("\0@", ""))
-                if launch is not None:
-                    raise UserError(f"{path.name}:{n}: a second verl command: accepted is a script with one")
-                launch = Launch(path.name, args, entry=words[i])
-                continue
-        if _ASSIGN.match(line) and not launch:
-            words = sh.words(line)
-            is_export = words and words[0] == "export"
-            for w in words[1:] if is_export else words:
-                if w in (";", "&", "|"):
-                    break
-                name, eq, value = w.partition("=")
-                if not eq or not _NAME.fullmatch(name):
-                    break
-                sh.vars[name] = value
-                if is_export:
-                    exports[name] = value
-    if launch is None:
-        launch = _overrides_file(path.name, text, sh)
-    launch.exports, launch.variables = exports, dict(sh.vars)
-    return launch
-
-
-def _overrides_file(name: str, text: str, sh: _Shell) -> Launch:
-    words = [w for n, line in _logical_lines(text) for w in (setattr(sh, "line", n) or sh.words(line))]
-    if words and all(re.match(r"^[+~]*[A-Za-z_][\w.]*[\w]=", w) and "." in w.partition("=")[0] for w in words):
-        return Launch(name, words)
-    raise UserError(f"{name} has no verl command: accepted is a bash launch running python3 -m "
-                    f"{' / '.join(ENTRY_MODULES)}, or a file of key=value overrides")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -550,7 +191,6 @@ LAYOUT_KEY = re.compile(r"^actor_rollout_ref\.(actor|ref)\.megatron\.((tensor|pi
                         r"recompute_\w+))$")
 PLAN_DEVICE = {"npu": "a2", "cuda": "h100"}
 RECIPE = {"a2": "dapo_qwen3_30b_a2.sh"}  # every other device: the H100 script
-MODES = {"colocate_async": "colocate", "separate_async": "separate", "sync": "off"}
 
 
 @dataclass
@@ -643,7 +283,7 @@ def plan_for(overrides: list[str], device: str, model: str | None) -> Plan:
     modes = project(cfg, w, GUIDE, best.time.total_s)
     split = modes[0].detail if modes[0].mode == "separate_async" else {}
     keep = [o for o in verl_overrides(best, w) if LAYOUT_KEY.match(split_override(o)[1])]
-    return Plan(command, best.layout.describe(), keep, MODES[modes[0].mode], split.get("rollout_nodes"),
+    return Plan(command, best.layout.describe(), keep, TRAINER_MODES[modes[0].mode], split.get("rollout_nodes"),
                 best.peak_gib)
 
 
@@ -739,7 +379,7 @@ def migrate(script: str | Path, device: str | None = None, model: str | None = N
     unknown = unknown_keys(unruled, launch.overrides)
     if unknown:
         raise UserError(f"{launch.source}: {', '.join(unknown)} is not known: neither verl 0.9.1's Megatron config "
-                        "has it nor the migration table (mcore_dapo/migrate.py RULES); accepted are verl 0.9.1 keys "
+                        "has it nor the migration table (mcore_dapo/launch_keys.py RULES); accepted are verl 0.9.1 keys "
                         "and the table's")
     trainer_device = (value_of(kept, "trainer.device") or "cuda").strip("'\"")
     if device is None:
@@ -772,14 +412,11 @@ def migrate(script: str | Path, device: str | None = None, model: str | None = N
 
 
 def write_atomically(path: str | Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
+    from mcore_dapo.io.output import write_text_atomically
+
     try:
-        tmp.write_text(text)
-        tmp.chmod(0o755)
-        os.replace(tmp, path)
+        write_text_atomically(path, text, mode=0o755)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"--out {str(path)!r} cannot be written ({e.strerror}): accepted is a file path in a "
                         "writable folder") from None
 
