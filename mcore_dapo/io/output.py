@@ -92,6 +92,8 @@ def write_text_atomically(path: str | Path, text: str, mode: int | None = None) 
 
 def checksum(t) -> str:
     """crc32 of the tensor's bytes (dtype and layout as stored)."""
+    import torch
+
     data = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
     return f"{zlib.crc32(data) & 0xFFFFFFFF:08x}"
 
