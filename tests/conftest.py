@@ -63,6 +63,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "both_stacks: in the Ascend stack's selection too (BOTH_STACKS)")
     config.addinivalue_line("markers", "ascend_stack: runs in the Ascend stack's selection only (make test "
                             "STACK=ascend)")
+    config.addinivalue_line("markers", "main_stack_only: left out of the Ascend stack's selection although "
+                            "BOTH_STACKS names its file (what it proves does not depend on the Megatron line)")
 
 
 # WORKER GROUPS. `make test` runs two pytest workers (pytest-xdist): the files that start torchrun ranks, Ray or vLLM
@@ -105,7 +107,7 @@ def pytest_collection_modifyitems(config, items):
     from mcore_dapo.devices import detect
 
     for item in items:
-        if item.nodeid.startswith(BOTH_STACKS):
+        if item.nodeid.startswith(BOTH_STACKS) and item.get_closest_marker("main_stack_only") is None:
             item.add_marker(pytest.mark.both_stacks)
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONGEST_FIRST)))  # stable

@@ -80,9 +80,16 @@ def test_round_trip_is_bit_exact(tiny_moe, converted, tmp_path, layout, nproc_ba
     assert not list(tmp_path.glob(".*partial*"))
 
 
-def test_dense_model_round_trip(tiny_dense, tmp_path):
-    hf2mcore(tiny_dense, tmp_path / "mc-d", Layout(tp=2), progress=False)
-    mcore2hf(tmp_path / "mc-d", tmp_path / "hf-d", nproc=1, progress=False)
+@pytest.fixture(scope="module")
+def dense_mcore(tiny_dense, tmp_path_factory):
+    """``hf2mcore`` of the dense tiny Qwen3 under TP2, once for this file (its round trip and a does-not-fit case)."""
+    out = tmp_path_factory.mktemp("mcore-dense") / "mcore"
+    hf2mcore(tiny_dense, out, Layout(tp=2), progress=False)
+    return out
+
+
+def test_dense_model_round_trip(tiny_dense, dense_mcore, tmp_path):
+    mcore2hf(dense_mcore, tmp_path / "hf-d", nproc=1, progress=False)
     assert_bit_exact(tiny_dense, tmp_path / "hf-d")
 
 
@@ -147,20 +154,20 @@ def test_mixed_dense_and_moe_layers_round_trip_per_layer(tmp_path):
     ({"num_hidden_layers": 3},
      "(4 layers, stacked keys expected): key 'decoder.layers.self_attention.linear_qkv.layer_norm_weight' "
      "has shape [3, 64] in the checkpoint, [4, 64] in the model"),
-    ({"model_type": "qwen3"}, "(4 layers, stacked keys expected): key 'decoder.layers.pre_mlp_layernorm.weight' "
-                              "is missing"),
-], ids=["layer-count", "dense-keys"])
-def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(tiny_moe, tmp_path, source,
+    (None, "(4 layers, stacked keys expected): key 'decoder.layers.pre_mlp_layernorm.weight' is missing"),
+], ids=["layer-count", "dense-keys"])  # dense-keys: the dense tiny Qwen3's checkpoint (dense_mcore)
+def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(request, tiny_moe, tmp_path, source,
                                                                                 message):
     from mcore_dapo_checks.tiny import make_tiny_model
 
-    other = make_tiny_model(tmp_path / "other", seed=2, **source)
-    hf2mcore(other, tmp_path / "mcore", Layout(ep=1), progress=False)
-    r = _cli("mcore2hf", "--mcore-path", tmp_path / "mcore", "--hf-config", tiny_moe, "--out", tmp_path / "hf",
-             "--nproc", "2")
+    if source is None:
+        mcore = request.getfixturevalue("dense_mcore")
+    else:
+        mcore = tmp_path / "mcore"
+        hf2mcore(make_tiny_model(tmp_path / "other", seed=2, **source), mcore, Layout(ep=1), progress=False)
+    r = _cli("mcore2hf", "--mcore-path", mcore, "--hf-config", tiny_moe, "--out", tmp_path / "hf", "--nproc", "2")
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == f"error: torch_dist checkpoint '{tmp_path / 'mcore'}' does not fit the model " \
-        + message, r.stderr
+    assert r.stderr.strip() == f"error: torch_dist checkpoint '{mcore}' does not fit the model " + message, r.stderr
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.partial*"))
 
 

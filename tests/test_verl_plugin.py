@@ -400,6 +400,7 @@ PLUGIN_IMPORTS = (
     "'mcore_dapo.verl_cpu.checkpoint_engine:GlooCheckpointEngine'}), verl_subclasses)")
 
 
+@pytest.mark.main_stack_only  # verl's registries and this project's modules: the same on both lines
 def test_only_the_entry_point_registers():
     """Every module of the plugin but the entry point registers nothing on import (verl's plugin discovery off, so
     that ``import verl`` does not run the entry point); those that hold no subclass of a verl class do not import
@@ -469,6 +470,7 @@ def test_engine_registered_per_device_after_verl_engine_import(monkeypatch):
     assert p.stdout.split() == ["McoreDapoCpuEngine", "McoreDapoEngine", "True", "True", "[]", "False"]
 
 
+@pytest.mark.main_stack_only  # verl's registries and this project's modules: the same on both lines
 def test_audit_is_a_wrapper_installed_only_through_the_engine_hook(monkeypatch, tmp_path):
     from mcore_dapo_checks.audit import audit_env
 
@@ -684,9 +686,12 @@ def test_a_checkpoint_of_the_other_megatron_lines_optimizer_is_one_line(tmp_path
     assert ck.check(folder, here, load_optimizer=False) is not None
 
 
-@pytest.mark.parametrize("first", ["mcore_dapo.verl_plugin.engine", "mcore_dapo.verl_cpu.engine",
-                                   "mcore_dapo.verl_plugin.checkpoint_manager", "mcore_dapo.verl_cpu.platform",
-                                   "mcore_dapo.verl_cpu.replica"])
+# On the Ascend line the first order alone (main_stack_only): the orders exercise verl 0.9.1's registries and this
+# project's table, the same on both lines; the engine first is the one that imports the line's Megatron
+@pytest.mark.parametrize("first", ["mcore_dapo.verl_plugin.engine", *(
+    pytest.param(m, marks=pytest.mark.main_stack_only) for m in (
+        "mcore_dapo.verl_cpu.engine", "mcore_dapo.verl_plugin.checkpoint_manager", "mcore_dapo.verl_cpu.platform",
+        "mcore_dapo.verl_cpu.replica"))])
 def test_every_row_registered_whichever_class_module_is_imported_first(first):
     """A class module imported before verl is what imports verl and its registries: the table's rows wait for the
     class modules to finish (registrations.complete) instead of failing on a partly executed module, and none is
@@ -734,7 +739,9 @@ print(type(new).__name__, same, new._mcore_engine, new.lr_scheduler)
 
 @pytest.mark.parametrize("verl_kind, want", [
     ("same", "McoreDapoCheckpointManager [] e s"),
-    ("extra", "refused: verl's MegatronCheckpointManager takes ['new_setting']"),
+    # verl's constructor checked against itself: the same on both lines (main_stack_only)
+    pytest.param("extra", "refused: verl's MegatronCheckpointManager takes ['new_setting']",
+                 marks=pytest.mark.main_stack_only),
 ])
 def test_the_engine_rebuilds_verls_checkpoint_manager_from_its_own_arguments(verl_kind, want):
     """The plugin's manager is built from the arguments verl built its own with (every attribute the same), and a
