@@ -404,9 +404,9 @@ PLUGIN_IMPORTS = (
 def test_only_the_entry_point_registers():
     """Every module of the plugin but the entry point registers nothing on import (verl's plugin discovery off, so
     that ``import verl`` does not run the entry point); those that hold no subclass of a verl class do not import
-    verl, nor Megatron, nor ``migrate``; every module-level subclass of a verl class is one of the registration table's (or the checkpoint
-    manager the engine builds, or the gloo transport, which registers itself by verl's contract for
-    ``custom_backend_module``); the installed entry point is the module whose import registers."""
+    verl, nor Megatron, nor ``migrate``; every module-level subclass of a verl class is one of the registration
+    table's (or the checkpoint manager the engine builds, or the gloo transport, which registers itself by verl's
+    contract for ``custom_backend_module``); the installed entry point is the module whose import registers."""
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
     p = subprocess.run([sys.executable, "-c", PLUGIN_IMPORTS, ",".join(sorted(VERL_CLASS_MODULES))],
                        capture_output=True, text=True, timeout=300, env=env)
