@@ -83,9 +83,12 @@ LONGEST_FIRST = (
 )
 
 
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def worker_group(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    return SHARED_GROUPS.get(path, path)
+    return SHARED_GROUPS.get(file_of(nodeid), file_of(nodeid))
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
@@ -110,7 +113,7 @@ def pytest_collection_modifyitems(config, items):
         if item.nodeid.startswith(BOTH_STACKS) and item.get_closest_marker("main_stack_only") is None:
             item.add_marker(pytest.mark.both_stacks)
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONGEST_FIRST)))  # stable
+    items.sort(key=lambda item: rank.get(file_of(item.nodeid), len(LONGEST_FIRST)))  # stable
     device = detect()
     if device == "cpu":
         return

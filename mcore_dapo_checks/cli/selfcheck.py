@@ -43,6 +43,7 @@ from typing import Callable
 
 from mcore_dapo.bridge import Bridge, Layout, load_hf_config
 from mcore_dapo.errors import UserError
+from mcore_dapo.io.output import write_text_atomically
 from mcore_dapo.resources import model_config
 
 REAL_CONFIG = model_config("qwen3-30b-a3b")
@@ -343,6 +344,4 @@ def markdown(report: dict) -> str:
 
 def write_report(report: dict, work: Path) -> None:
     for name, text in (("selfcheck.json", json.dumps(report, indent=1)), ("selfcheck.md", markdown(report))):
-        tmp = work / (name + ".tmp")
-        tmp.write_text(text)
-        tmp.rename(work / name)
+        write_text_atomically(work / name, text)
