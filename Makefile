@@ -15,8 +15,8 @@ PYTHON ?= python3
 STACK  ?= main
 PYTEST_ARGS ?=
 # two pytest workers: the files that start torchrun ranks, Ray or vLLM leave part of the 2 cores idle (ranks
-# waiting on each other, processes starting); the other worker fills it (tests/conftest.py, WORKER GROUPS). Three
-# were no faster over the first 18 minutes on the 2-core, 24 GiB machine and took memory to 21.6 GiB of 23.
+# waiting on each other, processes starting); the other worker fills it (tests/conftest.py, WORKER GROUPS). One
+# worker a core: a third was tried and not kept (not faster, and it brought memory close to the machine's 24 GiB).
 WORKERS ?= 2
 
 ifeq ($(STACK),main)

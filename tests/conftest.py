@@ -72,8 +72,9 @@ def pytest_configure(config):
 # it. A file's tests stay on one worker, where its module fixtures run once; the two files that share the trainer
 # runs (the session fixture dapo_trainer_run) are one group. Groups start in the order below, the longest first (the
 # suite's time per file, docs/BENCHMARKS.md), so that the last to finish is a short one; the files not named follow
-# in pytest's order. (xdist's own --dist loadgroup marks a group by rewriting the item's nodeid, which pytest 9
-# no longer reads; the scheduler below groups by file itself.)
+# in pytest's order. (xdist 3.8.0's own --dist loadgroup marks a group by rewriting item._nodeid, xdist/remote.py
+# pytest_collection_modifyitems, which pytest 9.2's Node.nodeid no longer reads, _pytest/nodes.py returns
+# str(self._id); the scheduler below groups by file itself.)
 SHARED_GROUPS = {"tests/test_resume.py": "trainer-runs", "tests/test_verl_trainer.py": "trainer-runs"}
 LONGEST_FIRST = (
     "tests/test_resume.py", "tests/test_verl_trainer.py", "tests/test_convert.py", "tests/test_verl_plugin.py",
