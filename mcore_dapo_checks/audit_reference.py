@@ -66,6 +66,7 @@ class ForcedRoutes:
         self.differ: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.bias = bias  # a mutation: the routes forced are the router's own top-k with one expert's logit raised
         self.same = self.total = 0  # forced (token, layer) pairs whose experts the router would have chosen itself
+        self.top_k = None
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
 
     def _hook(self, layer):
@@ -76,6 +77,7 @@ class ForcedRoutes:
             if self.routes.shape[1] != len(self.gates):
                 raise ValueError(f"routes for {self.routes.shape[1]} layers, the model has {len(self.gates)} MoE layers")
             n = min(self.routes.shape[0], indices.shape[0])
+            self.top_k = indices.shape[-1]
             forced = self.routes[:n, layer].to(indices.device, indices.dtype)
             if self.bias is not None:
                 expert, raise_by = self.bias
@@ -166,7 +168,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         new[i, :r] = torch.log_softmax(logits[n - r - 1:n - 1], -1).gather(-1, s[n - r:, None]).squeeze(-1)
     forced.close()
     if routing is not None:
-        routing.update(logits=forced.logits, differ=forced.differ)
+        routing.update(logits=forced.logits, differ=forced.differ, top_k=forced.top_k)
     valid = mask > 0
     # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
     # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
@@ -506,7 +508,9 @@ def near_ties(fp32: dict, bf16: dict) -> dict:
     between the bf16 model's logits (the same inputs and routes, :func:`reference`'s second pass) and the fp32
     model's. ``routes_tie_ratio_max`` is the largest gap / shift: a route that bf16 rounding can flip has a ratio of a
     few (each of the two logits moved by about the shift); a route chosen by anything else (a biased router, another
-    expert's index) is not a near-tie and has a large one."""
+    expert's index) is not a near-tie and has a large one. ``routes_within_rounding``: how many of all the (token,
+    layer) routes have their own top-k within twice their shift of the next expert (the routes rounding of bf16's
+    size can flip: how many near-ties the batch holds), of ``routes_compared``."""
     ratios = []
     for key, (tokens, forced) in fp32["differ"].items():
         l32, l16 = fp32["logits"][key][tokens], bf16["logits"][key][tokens]
@@ -517,7 +521,32 @@ def near_ties(fp32: dict, bf16: dict) -> dict:
             chosen, wanted = set(own[t].tolist()), set(forced[t].tolist())
             gap = max(float(l32[t, j]) for j in chosen - wanted) - min(float(l32[t, j]) for j in wanted - chosen)
             ratios.append(max(gap, 0.0) / max(float(shift[t]), 1e-12))
-    return {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0)}
+    within = compared = 0
+    k = fp32.get("top_k")
+    for key, l32 in fp32["logits"].items():
+        if k is None or l32.shape[-1] <= k:
+            break
+        top = l32.topk(k + 1, dim=-1).values
+        shift = (bf16["logits"][key] - l32).abs().max(-1).values
+        within += int((top[:, k - 1] - top[:, k] <= 2 * shift).sum())
+        compared += l32.shape[0]
+    return {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0),
+            "routes_within_rounding": within, "routes_compared": compared}
+
+
+def route_bias_sweep(folder: Path, raises=(0.01, 0.02, 0.05, 0.1, 0.2), expert: int = 0) -> list[dict]:
+    """The routing checks on one audited update whose forced routes are those of a router with ``expert``'s logit
+    raised by each of ``raises`` (:func:`reference_step`'s ``route_bias``, the mutation an engine router with a
+    per-expert bias makes): per raise, the share of routes moved and the near-tie figures (:func:`near_ties`)."""
+    settings = run_settings(folder.parent)
+    out = []
+    for raise_by in raises:
+        fp32, bf16 = {}, {}
+        r = reference_step(folder, settings=settings, routing=fp32, route_bias=(expert, raise_by))
+        reference_step(folder, dtype=torch.bfloat16, settings=settings, routing=bf16, route_bias=(expert, raise_by))
+        out.append({"step": folder.name, "raise": raise_by, "routes_moved": 1 - r["routes_native_agreement"],
+                    **near_ties(fp32, bf16)})
+    return out
 
 
 def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: dict | None = None,
@@ -604,12 +633,19 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mcore_dapo_checks.audit_reference")
     ap.add_argument("audit_dir")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF model's dtype")
+    ap.add_argument("--route-bias", type=float, nargs="+", metavar="RAISE",
+                    help="only the routing checks per step with the routes of a router whose expert 0 logit is raised "
+                         "by each RAISE (the per-expert-bias mutation)")
     ap.add_argument("--grad-parts", action="store_true",
                     help="only each step's reference gradient norm by part (embeddings, each layer, the rest), in "
                          "fp32 and in bf16, beside the engine's norm")
     a = ap.parse_args(argv)
+    steps = [f for f in sorted(Path(a.audit_dir).glob("step-*")) if any(f.glob("rank*.pt"))]
+    if a.route_bias:
+        print(json.dumps([r for f in steps for r in route_bias_sweep(f, a.route_bias)]))
+        return 0
     if a.grad_parts:
-        print(json.dumps([grad_parts(f) for f in sorted(Path(a.audit_dir).glob("step-*")) if any(f.glob("rank*.pt"))]))
+        print(json.dumps([grad_parts(f) for f in steps]))
         return 0
     out = reference(a.audit_dir, dtype=getattr(torch, a.dtype))
     print(json.dumps(out))
