@@ -40,7 +40,7 @@ BOTH_STACKS = (
     "tests/test_megatron_vs_hf.py::test_moe_layouts_match_hf[4---pp-2---ep-2-alltoall+allgather]",
     "tests/test_megatron_vs_hf.py::test_dense_qwen3_tp2",
     "tests/test_megatron_vs_hf.py::test_pp2_vpp2_uneven_stages_match_hf",
-    # (round trips on this line: tests/test_stack_lines.py, PP2·EP2 across the lines and TP2·EP2 on an unseen shape)
+    # (round trips on this line: tests/test_stack_lines.py, TP2·EP2 and PP3 across the lines on an unseen shape)
     "tests/test_convert.py::test_checkpoint_keys_are_those_of_the_transformer_engine_spec",
     "tests/test_convert.py::test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing[layer-count]",
     # (resharding: its layout classes whose Megatron modules differ, marked `both_stacks` in tests/test_resharding.py)

@@ -1,10 +1,9 @@
-"""The two Megatron lines together: torch_dist checkpoints written under one load under the other, and the
-converters' bit-exact round trip on a shape no other test uses.
+"""The two Megatron lines together: torch_dist checkpoints written under one load under the other, bit-exact both
+ways, on a shape no other test uses (the converters' round trip on the Ascend line).
 
-The cross-line test runs the other stack's environment in a subprocess (``.venv`` for the main stack,
-``.venv-ascend`` for the Ascend line: `make setup` / `make setup STACK=ascend` build them; `.ci/run`
-builds the main one first). Both tests are in the Ascend stack's selection (`ascend_stack`): the
-main stack runs every other converter test.
+The test runs the other stack's environment in a subprocess (``.venv`` for the main stack, ``.venv-ascend`` for the
+Ascend line: `make setup` / `make setup STACK=ascend` build them; `.ci/run` builds the main one first). It is in the
+Ascend stack's selection (`ascend_stack`): the main stack runs every other converter test.
 """
 
 import os
@@ -49,33 +48,25 @@ def _convert_there(python: Path, *args: str) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
-def test_checkpoints_cross_between_the_megatron_lines(tiny_moe, tmp_path):
-    name, there = _other_stack()
-    here = versions.installed("megatron-core")
-    # written there, read here
-    _convert_there(there, "hf2mcore", "--hf-path", str(tiny_moe), "--out", str(tmp_path / "there"),
-                   "--tp", "2", "--ep", "2", "--nproc", "4")
-    written = output.read_manifest(tmp_path / "there")["written_by"]["megatron-core"]
-    assert written != here
-    r = mcore2hf(tmp_path / "there", tmp_path / "hf-here", nproc=2, progress=False)
-    assert r["checksum_mismatches"] == []
-    assert_bit_exact(tiny_moe, tmp_path / "hf-here")
-    # written here, read there
-    hf2mcore(tiny_moe, tmp_path / "here", Layout(pp=2, ep=2), progress=False)
-    _convert_there(there, "mcore2hf", "--mcore-path", str(tmp_path / "here"), "--out", str(tmp_path / "hf-there"),
-                   "--nproc", "2")
-    assert_bit_exact(tiny_moe, tmp_path / "hf-there")
-
-
-def test_round_trip_and_verify_on_an_unseen_shape(tmp_path):
+def test_checkpoints_cross_between_the_megatron_lines_on_an_unseen_shape(tmp_path):
     from mcore_dapo_checks.tiny import make_tiny_model
 
+    name, there = _other_stack()
+    here = versions.installed("megatron-core")
     hf = make_tiny_model(tmp_path / "unseen", seed=11, **UNSEEN)
-    m = hf2mcore(hf, tmp_path / "mcore", Layout(tp=2, ep=2), progress=False)
-    assert m["key_layout"] == "per-layer"
-    assert m["written_by"]["megatron-core"] == versions.installed("megatron-core")
-    r = mcore2hf(tmp_path / "mcore", tmp_path / "hf", nproc=3, progress=False)
+    # written there under TP2·EP2, read here under TP1·EP3 and verified here under PP3
+    _convert_there(there, "hf2mcore", "--hf-path", str(hf), "--out", str(tmp_path / "there"),
+                   "--tp", "2", "--ep", "2", "--nproc", "4")
+    m = output.read_manifest(tmp_path / "there")
+    assert m["written_by"]["megatron-core"] != here and m["key_layout"] == "per-layer", m
+    r = mcore2hf(tmp_path / "there", tmp_path / "hf-here", nproc=3, progress=False)
     assert r["checked_against_manifest"] and r["checksum_mismatches"] == []
-    assert_bit_exact(hf, tmp_path / "hf")
-    v = verify(hf, tmp_path / "mcore", Layout(pp=3, ep=1), nproc=3)
+    assert_bit_exact(hf, tmp_path / "hf-here")
+    v = verify(hf, tmp_path / "there", Layout(pp=3, ep=1), nproc=3)
     assert v["passed"] and v["max_abs_diff"] < 1e-4 and v["checksum_mismatches"] == 0, v
+    # written here under PP3 (one layer a stage, the dense one alone), read there under TP1·EP2
+    w = hf2mcore(hf, tmp_path / "here", Layout(pp=3), progress=False)
+    assert w["written_by"]["megatron-core"] == here and w["key_layout"] == "per-layer"
+    _convert_there(there, "mcore2hf", "--mcore-path", str(tmp_path / "here"), "--out", str(tmp_path / "hf-there"),
+                   "--nproc", "2")
+    assert_bit_exact(hf, tmp_path / "hf-there")
