@@ -108,6 +108,51 @@ def test_importing_mcore_dapo_and_the_bridge_does_not_import_megatron():
     assert out.stdout.strip() == "[]"
 
 
+@pytest.mark.cpu_only
+def test_the_cpu_defers_torch_compile_while_megatron_imports():
+    """In a clean process: the CPU adapter's prepare, then Megatron's model and MoE modules: torch's compiler is
+    not imported, Megatron's jit_fuser is the deferring compile, torch.compile is torch's own again. (Without
+    prepare the same imports load torch._inductor: the first value turns True.)"""
+    code = ("import sys, torch; real = torch.compile; from mcore_dapo.devices import get_adapter; "
+            "get_adapter('cpu').prepare(); import megatron.core.models.gpt, megatron.core.transformer.moe.moe_layer; "
+            "from megatron.core import jit; "
+            "print(any(m.startswith('torch._inductor') for m in sys.modules), jit.jit_fuser is real, "
+            "torch.compile is real)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[-3:] == ["False", "False", "True"], p.stdout
+
+
+def test_a_deferred_compile_compiles_at_the_first_call_with_its_arguments():
+    import torch
+
+    from mcore_dapo.devices.cpu import compile_at_first_call
+
+    graphs = []
+
+    def record(gm, example_inputs):  # a torch.compile backend: what was compiled, run as traced
+        graphs.append(gm)
+        return gm.forward
+
+    def double(x):
+        return 2 * x
+
+    def triple(x):
+        return 3 * x
+
+    real = torch.compile
+    restore = compile_at_first_call()
+    try:
+        direct, decorated = torch.compile(double, backend=record), torch.compile(backend=record)(triple)
+    finally:
+        restore()
+    assert torch.compile is real and graphs == []
+    x = torch.arange(3.0)
+    assert torch.equal(direct(x), 2 * x) and len(graphs) == 1
+    assert torch.equal(decorated(x), 3 * x) and len(graphs) == 2
+    assert torch.equal(direct(x + 1), 2 * (x + 1)) and len(graphs) == 2  # compiled once, the guards hold
+
+
 @pytest.mark.no_accelerator
 def test_cuda_and_npu_adapters_import_and_describe_here():
     cuda, npu = get_adapter("cuda"), get_adapter("npu")

@@ -11,6 +11,39 @@ from mcore_dapo.devices.spec import te_compatible_keys
 from mcore_dapo.errors import UserError
 
 
+_COMPILE_DEFERRED = False
+
+
+def compile_at_first_call():
+    """Replace ``torch.compile`` by one that compiles a function at its first call (the same compile, the same
+    arguments) and return what restores it. Modules and other callables are compiled at once, as before."""
+    import functools
+    import inspect
+
+    compile_now = torch.compile
+
+    def compile_later(model=None, **kwargs):
+        if model is None:
+            return lambda m: compile_later(m, **kwargs)
+        if not inspect.isfunction(model):
+            return compile_now(model, **kwargs)
+        compiled = None
+
+        @functools.wraps(model)
+        def first_call_compiles(*args, **kw):
+            nonlocal compiled
+            if compiled is None:
+                compiled = compile_now(model, **kwargs)
+            return compiled(*args, **kw)
+        return first_call_compiles
+
+    torch.compile = compile_later
+
+    def restore():
+        torch.compile = compile_now
+    return restore
+
+
 class RMSNorm(torch.nn.Module):
     """RMSNorm that works under sequence parallelism (Megatron's torch norm refuses it).
 
@@ -84,6 +117,19 @@ class CpuAdapter(DeviceAdapter):
     @classmethod
     def detect(cls) -> bool:
         return True
+
+    def prepare(self) -> None:
+        """Megatron decorates its fused functions with ``torch.compile`` as it imports them (megatron/core/jit.py:
+        ``jit_fuser``), and ``torch.compile`` imports torch's compiler (dynamo, inductor) right away: on a CPU about
+        a third of each rank's Megatron import (docs/BENCHMARKS.md), for fusions the bridge's config leaves off.
+        While megatron.core executes, ``torch.compile`` defers to the decorated function's first call, where torch
+        compiles anyway (the same call, the same arguments); restored once the import is done."""
+        global _COMPILE_DEFERRED
+        if not _COMPILE_DEFERRED:
+            from mcore_dapo.patching.import_hooks import around_import
+
+            _COMPILE_DEFERRED = True
+            around_import("megatron.core", compile_at_first_call)
 
     def device(self, local_rank: int):
         return torch.device("cpu")
