@@ -1,8 +1,9 @@
 """The audit's part bounds (mcore_dapo_checks.audit_verdict) on one recorded update: the engine's rounding measured on
 the same update widens the bound by how much further the engine's log-probs were from the fp32 reference's than the
-bf16 recomputation's, and no further."""
+bf16 recomputation's, and no further; a mutation counts as one the bound resolves only where the bound is sure to
+reject it."""
 
-from mcore_dapo_checks.audit_verdict import part_misses, rounding_ratio
+from mcore_dapo_checks.audit_verdict import part_bound, part_misses, resolves, rounding_ratio
 
 # one update of a synchronous EP2 run (TP2+SP x DP2, EP2 x EDP2, router replay R3; its second update, 2026-12-06):
 # the engine's embeddings' gradient norm 3 % above the fp32 reference's, 4.6 times the bf16 recomputation's
@@ -30,3 +31,24 @@ def test_the_part_bounds_carry_the_engines_own_rounding_of_the_same_update():
     for part in UPDATE["engine_part_grad_norms"]:
         assert part_misses(UPDATE, {part: 1.3}) == [part], part
         assert part_misses(UPDATE, {part: 0.0}) == [part], part
+
+
+# the update where a guard that took "room" as the bound under the mutation's whole shift failed (a separate_async
+# pair's first update): attention's bound 0.0391, the engine's attention norm 0.1350, the reference's 0.1384
+MISSED = {"engine_part_grad_norms": {"attention": 0.13497}, "reference_part_grad_norms": {"attention": 0.13844},
+          "reference_bf16_part_grad_diff": {"attention": 0.0391084 / 3}}
+
+
+def test_a_mutation_is_resolved_only_where_the_bound_is_sure_to_reject_it():
+    assert part_misses(MISSED) == []
+    # under the mutation's whole shift, yet accepted: the engine's own norm sat 2.5 % under the reference's
+    assert part_bound(MISSED, "attention") < 0.3 * 0.13844 and part_misses(MISSED, {"attention": 1.3}) == []
+    assert not resolves(MISSED, "attention", 1.3)
+    assert resolves(MISSED, "attention", 2.0) and part_misses(MISSED, {"attention": 2.0}) == ["attention"]
+    # wherever it says resolved, the mutation is rejected, the engine anywhere within its bound of the reference
+    for scale in (0.0, 0.5, 0.8, 1.3, 2.0):
+        for i in range(-10, 11):
+            engine = 0.13844 + i / 10 * part_bound(MISSED, "attention")
+            a = {**MISSED, "engine_part_grad_norms": {"attention": engine}}
+            if resolves(a, "attention", scale):
+                assert part_misses(a, {"attention": scale}) == ["attention"], (scale, engine)
