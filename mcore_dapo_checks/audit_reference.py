@@ -511,25 +511,22 @@ def near_ties(fp32: dict, bf16: dict) -> dict:
     expert's index) is not a near-tie and has a large one. ``routes_within_rounding``: how many of all the (token,
     layer) routes have their own top-k within twice their shift of the next expert (the routes rounding of bf16's
     size can flip: how many near-ties the batch holds), of ``routes_compared``."""
+    shifts = {key: (bf16["logits"][key] - l32).abs().max(-1).values for key, l32 in fp32["logits"].items()}
     ratios = []
     for key, (tokens, forced) in fp32["differ"].items():
-        l32, l16 = fp32["logits"][key][tokens], bf16["logits"][key][tokens]
-        k = forced.shape[-1]
-        own = l32.topk(k, dim=-1).indices
-        shift = (l16 - l32).abs().max(-1).values
+        l32, shift = fp32["logits"][key][tokens], shifts[key][tokens]
+        own = l32.topk(forced.shape[-1], dim=-1).indices
         for t in range(len(tokens)):
             chosen, wanted = set(own[t].tolist()), set(forced[t].tolist())
             gap = max(float(l32[t, j]) for j in chosen - wanted) - min(float(l32[t, j]) for j in wanted - chosen)
             ratios.append(max(gap, 0.0) / max(float(shift[t]), 1e-12))
     within = compared = 0
     k = fp32.get("top_k")
-    for key, l32 in fp32["logits"].items():
-        if k is None or l32.shape[-1] <= k:
-            break
-        top = l32.topk(k + 1, dim=-1).values
-        shift = (bf16["logits"][key] - l32).abs().max(-1).values
-        within += int((top[:, k - 1] - top[:, k] <= 2 * shift).sum())
-        compared += l32.shape[0]
+    for key, l32 in fp32["logits"].items() if k is not None else ():
+        if l32.shape[-1] > k:  # a router with more experts than it picks (else no route can flip)
+            top = l32.topk(k + 1, dim=-1).values
+            within += int((top[:, k - 1] - top[:, k] <= 2 * shifts[key]).sum())
+            compared += l32.shape[0]
     return {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0),
             "routes_within_rounding": within, "routes_compared": compared}
 
