@@ -183,3 +183,33 @@ def test_a_killed_session_leaves_no_process_behind(tmp_path):
     except OSError:
         state = None  # gone
     assert state in (None, "Z"), state
+
+
+def test_a_launch_whose_store_port_was_taken_meanwhile_starts_again_on_another(monkeypatch):
+    """The port picked for torchrun's store is free when picked; another process may bind it before torchrun does
+    (it did, with two test workers launching side by side): that launch starts again on another port."""
+    import socket
+
+    from mcore_dapo.runtime import launch
+
+    picked = []
+    real = launch.free_port
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = iter([port])
+        monkeypatch.setattr(launch, "free_port", lambda: picked.append(next(ports, None) or real()) or picked[-1])
+        assert _launch("none") == {"ok": True}
+    assert len(picked) == 2 and picked[0] == port != picked[1]
+
+
+def test_a_picked_port_lies_under_the_kernels_ephemeral_range():
+    """Ports the kernel hands out (port 0, outgoing connections, gloo's pairs) come from the ephemeral range; a store's
+    port picked under it is not taken by them before torchrun binds it."""
+    from mcore_dapo.runtime import launch
+
+    low = launch._ephemeral_low()
+    if low <= launch.PORT_FLOOR + 1000:
+        pytest.skip(f"this host's ephemeral range starts at {low}: no room under it")
+    assert all(launch.PORT_FLOOR <= launch.free_port() < low for _ in range(20))

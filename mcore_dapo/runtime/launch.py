@@ -13,10 +13,39 @@ from pathlib import Path
 from mcore_dapo.errors import UserError
 
 
+# A listening port for a launch (torchrun's store) is picked under the kernel's ephemeral range: a port the kernel
+# hands out (bind to port 0, an outgoing connection, gloo's own pairs) may be taken by any process in the window
+# between picking it and torchrun binding it, and with two launches side by side it was (EADDRINUSE).
+PORT_FLOOR = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, under the ephemeral range where the host has one (Linux), else any."""
+    import random
+
+    low = _ephemeral_low()
+    for _ in range(64 if low > PORT_FLOOR + 1000 else 0):
+        port = random.randrange(PORT_FLOOR, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+PORT_TAKEN = "EADDRINUSE"
+PORT_TRIES = 3
 
 
 def peak_rss_mb() -> float:
@@ -61,8 +90,13 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
         full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     "PYTHONWARNINGS": "ignore", **(env or {}), failures.ENV: str(failed)}
         log = Path(tmp) / "output.log"
-        with open(log, "w") as sink:
-            returncode = run_session(cmd, full_env, None if stream else sink, timeout)
+        for attempt in range(PORT_TRIES):  # again with another port where the store's was taken before it bound
+            if attempt:
+                cmd[5] = f"--master-port={free_port()}"
+            with open(log, "w") as sink:
+                returncode = run_session(cmd, full_env, None if stream else sink, timeout)
+            if returncode == 0 or out.is_file() or stream or PORT_TAKEN not in log.read_text(errors="replace"):
+                break
         if returncode != 0 or not out.is_file():
             text = "" if stream else log.read_text(errors="replace")
             records = failures.read_records(failed)
