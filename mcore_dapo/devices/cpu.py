@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from mcore_dapo.devices.base import DeviceAdapter
@@ -42,6 +44,33 @@ def compile_at_first_call():
     def restore():
         torch.compile = compile_now
     return restore
+
+
+class _LoadsAtFirstUse(types.ModuleType):
+    """A module whose code runs at the first access to a name it does not have yet (its ``__file__``, ``__spec__``
+    and the rest of what the import system set are there before): ``inspect.getmodule`` walks ``sys.modules`` asking
+    every module for ``__file__``, which would load importlib's LazyLoader's modules at once."""
+
+    def __getattr__(self, name):
+        self.__class__ = types.ModuleType  # a plain module again before its code runs (it imports its submodules)
+        self.__spec__.loader.exec_module(self)
+        return getattr(self, name)
+
+
+def wandb_at_first_use():
+    """Put a ``wandb`` that loads at its first use in ``sys.modules`` where it is installed and not imported yet;
+    return what runs after the import (nothing: the module stays the one instance). megatron.core's inference
+    context imports wandb whether or not anything logs to it (megatron/core/inference/contexts/dynamic_context.py)."""
+    import importlib.util
+    import sys
+
+    if "wandb" not in sys.modules:
+        spec = importlib.util.find_spec("wandb")
+        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            module = importlib.util.module_from_spec(spec)
+            module.__class__ = _LoadsAtFirstUse
+            sys.modules["wandb"] = module
+    return lambda: None
 
 
 class RMSNorm(torch.nn.Module):
@@ -123,13 +152,15 @@ class CpuAdapter(DeviceAdapter):
         ``jit_fuser``), and ``torch.compile`` imports torch's compiler (dynamo, inductor) right away: on a CPU about
         a third of each rank's Megatron import (docs/BENCHMARKS.md), for fusions the bridge's config leaves off.
         While megatron.core executes, ``torch.compile`` defers to the decorated function's first call, where torch
-        compiles anyway (the same call, the same arguments); restored once the import is done."""
+        compiles anyway (the same call, the same arguments); restored once the import is done. wandb, which
+        Megatron's inference context imports and nothing here logs to, loads at its first use."""
         global _COMPILE_DEFERRED
         if not _COMPILE_DEFERRED:
             from mcore_dapo.patching.import_hooks import around_import
 
             _COMPILE_DEFERRED = True
             around_import("megatron.core", compile_at_first_call)
+            around_import("megatron.core", wandb_at_first_use)
 
     def device(self, local_rank: int):
         return torch.device("cpu")
