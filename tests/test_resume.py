@@ -45,12 +45,13 @@ def resumed(dapo_trainer_run):
     return r["pair"]
 
 
-def test_the_killed_run_stopped_during_step_3_with_checkpoint_2_complete(resumed):
+def test_the_killed_run_stopped_after_step_3_began_with_checkpoint_2_complete(resumed):
     killed = resumed["killed"]
     assert killed["returncode"] == -9  # SIGKILL to every process of the trainer's session
-    # steps 1 and 2 finished; step 3's update had begun (it may have ended before the signal landed: never
-    # checkpointed, never logged)
-    assert killed["steps_logged"] == 2
+    # steps 1 and 2 finished; the kill comes once step 3's update has begun and checkpoint 2, saved in the background,
+    # is complete. The save may complete after step 3 has ended (a loaded machine, once): then step 3 is logged and
+    # the kill lands in step 4; either way nothing after step 2 was checkpointed and the resumed run trains 3 and 4
+    assert killed["steps_logged"] in (2, 3)
     assert killed["tracker"] == "2" and killed["step_folders"] == ["global_step_2"]
 
 

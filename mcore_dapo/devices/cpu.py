@@ -48,13 +48,26 @@ def compile_at_first_call():
 
 class _LoadsAtFirstUse(types.ModuleType):
     """A module whose code runs at the first access to a name it does not have yet (its ``__file__``, ``__spec__``
-    and the rest of what the import system set are there before): ``inspect.getmodule`` walks ``sys.modules`` asking
+    and the rest of what the import system sets are there before): ``inspect.getmodule`` walks ``sys.modules`` asking
     every module for ``__file__``, which would load importlib's LazyLoader's modules at once."""
 
-    def __getattr__(self, name):
-        self.__class__ = types.ModuleType  # a plain module again before its code runs (it imports its submodules)
+    def __init__(self, spec):
+        super().__init__(spec.name)
+        self.__spec__, self.__loader__, self.__package__ = spec, spec.loader, spec.parent
+        if spec.has_location:
+            self.__file__, self.__cached__ = spec.origin, spec.cached
+        if spec.submodule_search_locations is not None:
+            self.__path__ = list(spec.submodule_search_locations)
+
+    def __getattr__(self, name):  # only for a name the module lacks
+        if self.__spec__.name in _LOADED:  # its code ran: the name is missing indeed
+            raise AttributeError(f"module {self.__spec__.name!r} has no attribute {name!r}")
+        _LOADED.add(self.__spec__.name)  # before its code runs (it imports its submodules, which read it)
         self.__spec__.loader.exec_module(self)
         return getattr(self, name)
+
+
+_LOADED: set[str] = set()
 
 
 def wandb_at_first_use():
@@ -67,9 +80,7 @@ def wandb_at_first_use():
     if "wandb" not in sys.modules:
         spec = importlib.util.find_spec("wandb")
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            module = importlib.util.module_from_spec(spec)
-            module.__class__ = _LoadsAtFirstUse
-            sys.modules["wandb"] = module
+            sys.modules["wandb"] = _LoadsAtFirstUse(spec)
     return lambda: None
 
 
