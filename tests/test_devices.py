@@ -129,12 +129,12 @@ def test_the_cpu_defers_torch_compile_while_megatron_imports():
 def test_wandb_loads_at_its_first_use_after_megatron_imports_it():
     """In a clean process: Megatron's inference context imports wandb (HAVE_WANDB), its code has not run (none of its
     submodules imported) after the CPU adapter's prepare and Megatron's imports, inspect.getmodule (which asks every
-    module for __file__) does not load it, and the first use loads the one instance Megatron holds. (Without prepare
-    the first value turns True.)"""
+    module for __file__) does not load it, and the first use (here importing a submodule first) loads the one instance
+    Megatron holds. (Without prepare the first value turns True.)"""
     code = ("import sys, inspect; from mcore_dapo.devices import get_adapter; get_adapter('cpu').prepare(); "
             "import megatron.core.models.gpt; from megatron.core.inference.contexts import dynamic_context as d; "
             "inspect.getmodule(inspect.currentframe()); loaded = 'wandb.sdk' in sys.modules; "
-            "import wandb; from wandb import Table; "
+            "import wandb.sdk.lib; from wandb import Table; "
             "print(loaded, d.HAVE_WANDB, d.wandb is wandb is sys.modules['wandb'], 'wandb.sdk' in sys.modules, "
             "callable(wandb.init) and Table.__module__.startswith('wandb.'))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -56,13 +56,14 @@ class _LoadsAtFirstUse(types.ModuleType):
         self.__spec__, self.__loader__, self.__package__ = spec, spec.loader, spec.parent
         if spec.has_location:
             self.__file__, self.__cached__ = spec.origin, spec.cached
-        if spec.submodule_search_locations is not None:
-            self.__path__ = list(spec.submodule_search_locations)
+        # no __path__ until its code runs: importing a submodule asks the package for it first, which loads it
 
     def __getattr__(self, name):  # only for a name the module lacks
         if self.__spec__.name in _LOADED:  # its code ran: the name is missing indeed
             raise AttributeError(f"module {self.__spec__.name!r} has no attribute {name!r}")
         _LOADED.add(self.__spec__.name)  # before its code runs (it imports its submodules, which read it)
+        if self.__spec__.submodule_search_locations is not None:
+            self.__path__ = list(self.__spec__.submodule_search_locations)
         self.__spec__.loader.exec_module(self)
         return getattr(self, name)
 

@@ -44,7 +44,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PORT_TAKEN = "EADDRINUSE"
+PORT_TAKEN = ("failed to listen", "EADDRINUSE")  # torch's TCPStore, its port bound by another process
 PORT_TRIES = 3
 
 
@@ -95,7 +95,8 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
                 cmd[5] = f"--master-port={free_port()}"
             with open(log, "w") as sink:
                 returncode = run_session(cmd, full_env, None if stream else sink, timeout)
-            if returncode == 0 or out.is_file() or stream or PORT_TAKEN not in log.read_text(errors="replace"):
+            text = "" if stream else log.read_text(errors="replace")
+            if returncode == 0 or out.is_file() or not all(t in text for t in PORT_TAKEN):
                 break
         if returncode != 0 or not out.is_file():
             text = "" if stream else log.read_text(errors="replace")
