@@ -529,19 +529,17 @@ def launch(mode: str, hf_path, work, *, tp: int = 1, pp: int = 1, ep: int = 2, k
     import tempfile
 
     from mcore_dapo.bridge.layout import Layout
-    from mcore_dapo.runtime.launch import LaunchError, free_port, run_session
+    from mcore_dapo.runtime.launch import LaunchError, run_torchrun
 
     with tempfile.TemporaryDirectory(prefix="mcore-dapo-reshard-") as tmp:
         out, log = Path(tmp) / "result.json", Path(tmp) / "output.log"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
-               f"--master-port={free_port()}", "-m", "mcore_dapo_checks.reshard_resume", mode, "--hf-path",
-               str(hf_path), "--work", str(work), *Layout(tp=tp, pp=pp, ep=ep).to_argv(), "--out", str(out),
-               *(["--kill-in-save", kill_in_save] if kill_in_save else []), *extra]
+        argv = ["-m", "mcore_dapo_checks.reshard_resume", mode, "--hf-path", str(hf_path), "--work", str(work),
+                *Layout(tp=tp, pp=pp, ep=ep).to_argv(), "--out", str(out),
+                *(["--kill-in-save", kill_in_save] if kill_in_save else []), *extra]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-        with open(log, "w") as sink:
-            rc = run_session(cmd, env, sink, timeout)
+        rc, _, text = run_torchrun(nproc, argv, env, log, timeout, out)
         if not out.is_file() or (rc != 0 and not kill_in_save):
-            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            tail = "\n".join(text.splitlines()[-40:])
             raise LaunchError(f"reshard_resume {mode} {'timed out' if rc is None else f'exit code {rc}'}:\n{tail}")
         result = json.loads(out.read_text())
     return {**result, "returncode": rc}

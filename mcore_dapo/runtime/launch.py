@@ -82,24 +82,12 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
         out = Path(tmp) / "result.json"
         failed = Path(tmp) / "failures"
         failed.mkdir()
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run",
-            f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-            "-m", module, *args, "--out", str(out),
-        ]
         full_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                     "PYTHONWARNINGS": "ignore", **(env or {}), failures.ENV: str(failed)}
         log = Path(tmp) / "output.log"
-        for attempt in range(PORT_TRIES):  # again with another port where the store's was taken before it bound
-            if attempt:
-                cmd[5] = f"--master-port={free_port()}"
-            with open(log, "w") as sink:
-                returncode = run_session(cmd, full_env, None if stream else sink, timeout)
-            text = "" if stream else log.read_text(errors="replace")
-            if returncode == 0 or out.is_file() or not all(t in text for t in PORT_TAKEN):
-                break
+        returncode, cmd, text = run_torchrun(nproc, ["-m", module, *args, "--out", str(out)], full_env, log,
+                                             timeout, out, stream=stream)
         if returncode != 0 or not out.is_file():
-            text = "" if stream else log.read_text(errors="replace")
             records = failures.read_records(failed)
             why = failures.summarize(records, text)
             if why.user_error is not None:
@@ -112,6 +100,23 @@ def torchrun(module: str, args: list[str], nproc: int, *, timeout: float | None 
     if isinstance(result, dict) and USER_ERROR in result:
         raise UserError(result[USER_ERROR])
     return result
+
+
+def run_torchrun(nproc: int, argv: list[str], env: dict, log: Path, timeout: float | None, out: Path,
+                 stream: bool = False) -> tuple[int | None, list[str], str]:
+    """``python -m torch.distributed.run`` of ``argv`` on ``nproc`` local processes (:func:`run_session`), its output
+    to ``log`` (``stream``: to this terminal); started again on another port where torch's store failed to listen on a
+    taken one and ``out`` was not written. Returns the exit code, the command last run and the log's text ('' when
+    streamed)."""
+    for _ in range(PORT_TRIES):
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1",
+               f"--master-port={free_port()}", *argv]
+        with open(log, "w") as sink:
+            returncode = run_session(cmd, env, None if stream else sink, timeout)
+        text = "" if stream else log.read_text(errors="replace")
+        if returncode == 0 or out.is_file() or not all(t in text for t in PORT_TAKEN):
+            break
+    return returncode, cmd, text
 
 
 def worker_result(run, a) -> dict:
