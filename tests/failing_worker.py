@@ -12,7 +12,7 @@ TYPE_MESSAGE = "_write_item() missing 1 required positional argument: 'serializa
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--error", choices=["user", "type", "ray-user", "none"], required=True)
+    ap.add_argument("--error", choices=["user", "type", "ray-user"], required=True)
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -24,7 +24,7 @@ def run(a) -> dict:
     from mcore_dapo.errors import UserError
 
     dist.init_process_group("gloo")
-    if dist.get_rank() == a.rank and a.error != "none":
+    if dist.get_rank() == a.rank:
         if a.error == "user":
             raise UserError(USER_LINE)
         if a.error == "ray-user":  # a UserError raised in a Ray actor, as Ray hands it to the caller
