@@ -65,6 +65,37 @@ def pytest_configure(config):
                             "STACK=ascend)")
     config.addinivalue_line("markers", "main_stack_only: left out of the Ascend stack's selection although "
                             "BOTH_STACKS names its file (what it proves does not depend on the Megatron line)")
+    _start_ranks_by_fork()
+
+
+# LAUNCHES. On the CPU the suite's torchrun launches (mcore_dapo.runtime.launch.run_torchrun) start their ranks by
+# forking a server that imported torch, Megatron and transformers once (mcore_dapo_checks.rank_server), with what
+# torchrun gives a rank; most of a launch was each rank importing them (docs/TESTING.md, "Launches").
+# MCORE_DAPO_TESTS_TORCHRUN=1 launches every one with torchrun. On a device the ranks start as users start them.
+_RANK_SERVER = None
+
+
+def _start_ranks_by_fork() -> None:
+    global _RANK_SERVER
+    import os
+
+    from mcore_dapo.devices import detect
+    from mcore_dapo.runtime import launch
+
+    if os.environ.get("MCORE_DAPO_TESTS_TORCHRUN") == "1" or detect() != "cpu":
+        return
+    from mcore_dapo_checks.rank_server import RankServer
+
+    _RANK_SERVER = launch.STARTER = RankServer()
+
+
+def pytest_unconfigure(config):
+    global _RANK_SERVER
+    if _RANK_SERVER is not None:
+        from mcore_dapo.runtime import launch
+
+        _RANK_SERVER.close()
+        launch.STARTER = _RANK_SERVER = None
 
 
 # WORKER GROUPS. `make test` runs two pytest workers (pytest-xdist): the files that start torchrun ranks, Ray or vLLM

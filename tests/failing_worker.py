@@ -1,5 +1,6 @@
 """A torchrun worker for tests/test_launch_failures.py, without Megatron: rank ``--rank`` fails with
-``--error``; the other ranks wait for it in a gloo barrier, so their own errors come after its."""
+``--error``; the other ranks wait for it in a gloo barrier, so their own errors come after its. ``--error none``:
+no rank fails; each reports how it was started (its environment, ``__main__``, random draws)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ TYPE_MESSAGE = "_write_item() missing 1 required positional argument: 'serializa
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--error", choices=["user", "type", "ray-user"], required=True)
+    ap.add_argument("--error", choices=["user", "type", "ray-user", "none"], required=True)
     ap.add_argument("--rank", type=int, default=1)
     ap.add_argument("--out", default=None)
     return ap.parse_args(argv)
@@ -24,6 +25,21 @@ def run(a) -> dict:
     from mcore_dapo.errors import UserError
 
     dist.init_process_group("gloo")
+    if a.error == "none":
+        import os
+        import random
+
+        import numpy
+        import torch
+
+        main = sys.modules["__main__"]
+        mine = {"env": dict(os.environ), "argv0": sys.argv[0], "main_file": getattr(main, "__file__", None),
+                "main_run": main.__dict__.get("run") is run, "main_names": sorted(main.__dict__),
+                "random": random.random(), "numpy_random": float(numpy.random.random()),
+                "torch_random": float(torch.rand(1)), "pid": os.getpid()}
+        ranks = [None] * dist.get_world_size()
+        dist.all_gather_object(ranks, mine)
+        return {"ranks": ranks}
     if dist.get_rank() == a.rank:
         if a.error == "user":
             raise UserError(USER_LINE)

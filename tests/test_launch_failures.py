@@ -17,9 +17,23 @@ LINE = "--widget=7 is not accepted: accepted are 1 to 4"
 TYPE_MESSAGE = "_write_item() missing 1 required positional argument: 'serialization_format'"
 
 
+ENV = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+
+
 def _launch(error: str, stream: bool = False):
-    env = {"PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    return torchrun("failing_worker", ["--error", error], 2, timeout=300, env=env, stream=stream)
+    return torchrun("failing_worker", ["--error", error], 2, timeout=300, env=ENV, stream=stream)
+
+
+@pytest.fixture
+def rank_server(monkeypatch):
+    """The suite's starter of ranks (tests/conftest.py) for these launches: their PYTHONPATH is its own."""
+    from mcore_dapo.runtime import launch
+    from mcore_dapo_checks.rank_server import RankServer
+
+    server = RankServer(extra_env=ENV)
+    monkeypatch.setattr(launch, "STARTER", server)
+    yield server
+    server.close()
 
 
 @pytest.mark.parametrize("error", ["user", "ray-user"])
@@ -44,12 +58,14 @@ def test_a_user_error_of_one_rank_is_its_line(error, monkeypatch):
         assert len(picked) == 2 and picked[0] == port != picked[1]
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["captured", "streamed"])
-def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the_log(stream):
+@pytest.mark.parametrize("how", ["captured", "streamed", "rank server"])
+def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the_log(how, request):
     """Streamed (the converters' progress bars on the terminal): the ranks' records alone name it, and the
-    kept log holds their tracebacks."""
+    kept log holds their tracebacks. The suite's rank server gives the same."""
+    if how == "rank server":
+        request.getfixturevalue("rank_server")
     with pytest.raises(LaunchError) as e:
-        _launch("type", stream)
+        _launch("type", how == "streamed")
     msg = str(e.value)
     assert "\n" not in msg
     head, log = msg.split(" (full log: ")
@@ -57,6 +73,34 @@ def test_an_unexpected_error_is_the_first_failing_ranks_type_and_message_and_the
     text = Path(log.rstrip(")")).read_text()
     assert f"TypeError: {TYPE_MESSAGE}" in text and "Connection closed by peer" in text  # rank 0's, after it
     Path(log.rstrip(")")).unlink()
+
+
+def test_the_suites_rank_server_starts_the_ranks_torchrun_would(rank_server):
+    """tests/conftest.py starts the suite's ranks from mcore_dapo_checks.rank_server (torch and Megatron imported
+    once, each rank forked): the reference is torchrun's own launch of the same worker. Each rank gets torchrun's
+    variables with its values (but the launch's own: the port, the failures folder, the agent's error file and
+    store, which rank 0 hosts here), runs the module as ``__main__`` from its file in a fresh namespace, and draws
+    its own random numbers as a fresh interpreter does (Python's, numpy's and torch's generators
+    seeded afresh). Its user errors are their line (below, and test_an_unexpected_error_... for the others)."""
+    from mcore_dapo.runtime import launch
+
+    per_launch = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE", "PWD", "_", failures.ENV}
+    forked = _launch("none")["ranks"]
+    assert rank_server.launches == 1
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(launch, "STARTER", None)
+        reference = _launch("none")["ranks"]
+    base = dict(os.environ)
+    for f, t in zip(forked, reference, strict=True):
+        torchruns = {k: v for k, v in t["env"].items() if base.get(k) != v and k not in per_launch}
+        assert {k: f["env"].get(k) for k in torchruns} == torchruns
+        assert f["argv0"] == f["main_file"] == t["argv0"] == str(TESTS / "failing_worker.py") and f["main_run"]
+        assert f["main_names"] == t["main_names"]  # a fresh __main__, not the server's
+    for draw in ("random", "numpy_random", "torch_random"):  # each interpreter seeds them afresh
+        assert len({r[draw] for r in reference}) == len({r[draw] for r in forked}) == 2
+    with pytest.raises(UserError) as e:
+        _launch("user")
+    assert str(e.value) == LINE and rank_server.launches == 2
 
 
 def test_user_error_line_finds_the_line_in_what_wraps_it():
