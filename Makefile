@@ -55,7 +55,7 @@ test: $(STAMP)
 
 check-py310: $(STAMP)
 	$(BIN)/vermin -q --target=3.10- --violations --no-tips --no-make-paths-absolute \
-	  --exclude-regex '^tests/vendor/' mcore_dapo tests tools
+	  --exclude-regex '^tests/vendor/' mcore_dapo mcore_dapo_checks tests tools
 
 ifeq ($(STACK),main)
 lock: $(STAMP)
