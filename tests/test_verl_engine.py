@@ -50,7 +50,7 @@ def engine_update(engine_launch):
 
 def test_verl_engine_is_the_plugins(engine_update):
     got, _ = engine_update
-    # the plugin's engine, as verl's registry gives it for its cpu device (verl_cpu/engine.py)
+    # the plugin's engine, as verl's registry gives it for its cpu device (verl_plugin/engine.py)
     assert got["engine"] == "McoreDapoCpuEngine" and "McoreDapoEngine" in got["engine_classes"]
     assert got["layout"] == "TP1 PP1 EP2 ETP1" and got["world_size"] == 2
     # verl's enable_gradient_checkpointing (its default True) is Megatron's full recompute (model_settings)

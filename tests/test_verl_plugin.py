@@ -366,7 +366,7 @@ def test_bad_async_variables_are_refused_by_bash():
 
 ENGINE_CLASSES = (
     "import sys, verl; assert 'megatron' not in sys.modules; import verl.workers.engine as e; "
-    "from mcore_dapo.verl_cpu.engine import McoreDapoCpuEngine; from mcore_dapo.verl_plugin.engine import McoreDapoEngine; "
+    "from mcore_dapo.verl_plugin.engine import McoreDapoCpuEngine, McoreDapoEngine; "
     "r = e.EngineRegistry._engines['language_model']['megatron']; cpu, dev = r['cpu'], r[('cuda', 'nvidia')]; "
     "assert r[('npu', 'huawei')] is dev; "
     "print(cpu.__name__, dev.__name__, issubclass(cpu, McoreDapoCpuEngine), issubclass(dev, McoreDapoEngine), "
@@ -377,8 +377,7 @@ ENGINE_CLASSES = (
 # the modules of the plugin that hold a subclass of a verl class (and so import verl); the reference is this list,
 # not the registration table it is checked against
 VERL_CLASS_MODULES = {"mcore_dapo.verl_plugin.engine", "mcore_dapo.verl_plugin.checkpoint_manager",
-                      "mcore_dapo.verl_cpu.engine", "mcore_dapo.verl_cpu.platform", "mcore_dapo.verl_cpu.replica",
-                      "mcore_dapo.verl_cpu.checkpoint_engine"}
+                      "mcore_dapo.verl_cpu.platform", "mcore_dapo.verl_cpu.replica", "mcore_dapo.verl_cpu.checkpoint_engine"}
 PLUGIN_IMPORTS = (
     "import sys, pkgutil, importlib, inspect, mcore_dapo.verl_plugin as p, mcore_dapo.verl_cpu as c; "
     "mods = sorted(pkg.__name__ + '.' + m.name for pkg in (p, c) for m in pkgutil.iter_modules(pkg.__path__)); "
@@ -390,30 +389,35 @@ PLUGIN_IMPORTS = (
     "PlatformRegistry; from verl.workers.rollout import base, replica; "
     "ours = lambda x: getattr(x, '__module__', '').startswith('mcore_dapo'); "
     "engines = [k for d in EngineRegistry._engines.values() for b in d.values() for k, v in b.items() if ours(v)]; "
-    "print(engines, PlatformRegistry.get('cpu'), [k for k in replica.RolloutReplicaRegistry._registry "
-    "if k == 'hf_cpu'], [k for k, v in base._ROLLOUT_REGISTRY.items() if v.startswith('mcore_dapo')]); "
+    "import json; print(json.dumps([sorted(str(k) for k in engines), getattr(PlatformRegistry.get('cpu'), "
+    "'__name__', None), [k for k in replica.RolloutReplicaRegistry._registry if k == 'hf_cpu'], "
+    "[k for k, v in base._ROLLOUT_REGISTRY.items() if v.startswith('mcore_dapo')]])); "
     "from mcore_dapo.verl_plugin import registrations as r; "
-    "verl_subclasses = sorted(f'{m}:{n}' for m in mods if m in classes for n, k in "
+    "verl_subclasses = sorted(f'{m}.{n}' for m in mods if m in classes for n, k in "
     "vars(sys.modules[m]).items() if inspect.isclass(k) and k.__module__ == m and "
     "any(b.__module__.startswith('verl.') for b in k.__mro__[1:])); "
-    "print(verl_subclasses == sorted({row.target for row in r.TABLE} | {r.CHECKPOINT_MANAGER, "
-    "'mcore_dapo.verl_cpu.checkpoint_engine:GlooCheckpointEngine'}), verl_subclasses)")
+    "print(verl_subclasses == sorted({row.cls for row in r.TABLE} | {"
+    "'mcore_dapo.verl_plugin.checkpoint_manager.McoreDapoCheckpointManager', "
+    "'mcore_dapo.verl_cpu.checkpoint_engine.GlooCheckpointEngine'}), verl_subclasses)")
 
 
 @pytest.mark.main_stack_only  # verl's registries and this project's modules: the same on both lines
-def test_only_the_entry_point_registers():
-    """Every module of the plugin but the entry point registers nothing on import (verl's plugin discovery off, so
-    that ``import verl`` does not run the entry point); those that hold no subclass of a verl class do not import
-    verl, nor Megatron, nor ``migrate``; every module-level subclass of a verl class is one of the registration
-    table's (or the checkpoint manager the engine builds, or the gloo transport, which registers itself by verl's
-    contract for ``custom_backend_module``); the installed entry point is the module whose import registers."""
+def test_a_module_registers_its_own_classes_only():
+    """verl's plugin discovery off (``import verl`` does not run the entry point): the plugin's modules that hold no
+    subclass of a verl class import neither verl, nor Megatron, nor ``migrate``, and register nothing; the class
+    modules register their platform and engines as their class statements run, under the keys below (verl's own
+    pattern), and nothing by path (the rollout's rows are the entry point's); every module-level subclass of a verl
+    class is one of the registration table's (or the checkpoint manager the engine builds, or the gloo transport,
+    which registers itself by verl's contract for ``custom_backend_module``); the installed entry point is
+    ``enable``."""
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"}
     p = subprocess.run([sys.executable, "-c", PLUGIN_IMPORTS, ",".join(sorted(VERL_CLASS_MODULES))],
                        capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stderr[-2000:]
     lines = p.stdout.strip().splitlines()
     assert lines[0] == "False False False"  # nor `migrate` (the entry path reads keys from mcore_dapo.launch_keys)
-    assert lines[1] == "[] None [] []"  # the gloo transport's own registration is not one of these registries
+    # the gloo transport's own registration is not one of these registries
+    assert json.loads(lines[1]) == [["('cuda', 'nvidia')", "('npu', 'huawei')", "cpu"], "PlatformCPU", [], []]
     assert lines[2].startswith("True "), lines[2]
     code = ("import importlib.metadata as md; "
             "print([e.value for e in md.entry_points(group='verl.plugins') if e.name == 'mcore_dapo'])")
@@ -690,12 +694,11 @@ def test_a_checkpoint_of_the_other_megatron_lines_optimizer_is_one_line(tmp_path
 # project's table, the same on both lines; the engine first is the one that imports the line's Megatron
 @pytest.mark.parametrize("first", ["mcore_dapo.verl_plugin.engine", *(
     pytest.param(m, marks=pytest.mark.main_stack_only) for m in (
-        "mcore_dapo.verl_cpu.engine", "mcore_dapo.verl_plugin.checkpoint_manager", "mcore_dapo.verl_cpu.platform",
-        "mcore_dapo.verl_cpu.replica"))])
+        "mcore_dapo.verl_plugin.checkpoint_manager", "mcore_dapo.verl_cpu.platform", "mcore_dapo.verl_cpu.replica"))])
 def test_every_row_registered_whichever_class_module_is_imported_first(first):
-    """A class module imported before verl is what imports verl and its registries: the table's rows wait for the
-    class modules to finish (registrations.complete) instead of failing on a partly executed module, and none is
-    left waiting: the platform and the rollout before verl's engine package is imported, the engines after."""
+    """A class module imported before verl is what imports verl and its registries, so the entry point's hook
+    imports a module that is still executing: its classes register when their statements run, and every row is
+    registered: the platform and the rollout before verl's engine package is imported, the engines after."""
     code = (f"import importlib, sys; importlib.import_module({first!r}); "
             "from verl.plugin.platform.platform_manager import PlatformRegistry; "
             "from verl.workers.rollout import base; from verl.workers.rollout.replica import RolloutReplicaRegistry; "

@@ -9,8 +9,9 @@ accelerator is found and the project's one detection, :func:`mcore_dapo.devices.
 (torch is a CPU build, or the host has no GPU driver and no torch_npu). Memory queries
 answer from the process (``max_memory_allocated`` is the peak RSS); stream and IPC calls are no-ops.
 
-Importing this module imports verl's platform base; :mod:`mcore_dapo.verl_plugin.registrations` registers the
-class (the last line only finishes what the entry point asked for while this module executed), and the entry point applies the patch registry's verl patches for it (``verl.cpu.process-group``).
+Importing this module imports verl's platform base and registers the class (its row of
+:mod:`mcore_dapo.verl_plugin.registrations`' table); the entry point applies the patch registry's verl patches for it
+(``verl.cpu.process-group``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import types
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
 
-from mcore_dapo.verl_plugin import registrations
+from mcore_dapo.verl_plugin.registrations import registered
 
 NAME = "cpu"
 
@@ -84,6 +85,7 @@ def device_module() -> types.ModuleType:
     return mod
 
 
+@registered
 class PlatformCPU(PlatformBase):
     """verl on the CPU: gloo collectives, trainer slots as Ray's logical GPU resource."""
 
@@ -172,6 +174,3 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self):
         return None
-
-
-registrations.complete(__name__)  # rows the entry point asked for while this module executed

@@ -1,8 +1,7 @@
 """verl's two classes of the ``hf_cpu`` rollout (:mod:`mcore_dapo.verl_cpu.rollout` serves it): the replica that
 starts the server actor, and the trainer worker's adapter that forwards the weights of a sync to it. Importing this
-module imports verl's rollout package; :mod:`mcore_dapo.verl_plugin.registrations` registers both classes (verl
-imports this module when it first asks for one of them; the last line only finishes what the entry point asked for
-while this module executed).
+module imports verl's rollout package; :mod:`mcore_dapo.verl_plugin.registrations` registers both classes by their
+path, as verl registers its own rollouts (verl imports this module when it first asks for one of them).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica
 
 from mcore_dapo.verl_cpu.rollout import BUCKET_BYTES, CpuRolloutServer, server_name
-from mcore_dapo.verl_plugin import registrations
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +96,3 @@ class CpuServerAdapter(BaseRollout):
         if self.sends:
             sent = await self._server().commit.remote(global_steps)
             log.info("hf_cpu rollout replica %d received %d tensors", self.replica_rank, sent)
-
-
-registrations.complete(__name__)  # rows the entry point asked for while this module executed

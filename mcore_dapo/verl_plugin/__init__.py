@@ -1,8 +1,9 @@
 """verl plugin: ``actor_rollout_ref.actor.strategy=megatron`` on this project's Megatron path.
 
 Importing this package registers nothing and does not import verl; nor do its modules, but for those that hold
-a subclass of a verl class (:mod:`.engine`, :mod:`.checkpoint_manager`, and in :mod:`mcore_dapo.verl_cpu` the
-platform, the CPU engine and the rollout's replica and adapter), which import verl and register nothing. verl
+a subclass of a verl class (:mod:`.engine`: the engines, :mod:`.checkpoint_manager`, and in
+:mod:`mcore_dapo.verl_cpu` the platform and the rollout's replica and adapter), which import verl; the engines and
+the platform register themselves at their class statement, as verl's own do (:mod:`.registrations`). verl
 imports :mod:`.enable` (entry point group ``verl.plugins``) at ``import verl``; that import does light work only,
 and never imports Megatron (MindSpeed must come first on Ascend):
 
@@ -12,9 +13,9 @@ and never imports Megatron (MindSpeed must come first on Ascend):
 * when the process is ``python -m verl.trainer.main_ppo``, rewrites its Hydra
   overrides so that ``actor_rollout_ref.actor.strategy=megatron`` selects verl's
   Megatron config group (``model_engine=megatron``), see :mod:`.overrides`;
-* installs :mod:`.registrations`' table: each class is registered with verl's registry (platform, engine,
-  rollout replica and adapter) once verl imports the registry's module, the device prepared before verl's engine
-  package (which imports Megatron);
+* installs :mod:`.registrations`' table: once verl imports a registry's module, the platform's and the engines'
+  modules are imported (their classes register themselves) and the rollout's classes registered by path, the
+  device prepared before verl's engine package (which imports Megatron);
 * applies the patch registry's verl patches for the host's device and for the ``cpu`` platform.
 
 The documented entry point is ``python -m mcore_dapo.verl_plugin.main_dapo <overrides>``.

@@ -21,11 +21,11 @@ checkpoint manager, is verl's):
 * ``forward_backward_batch``: first, a checkpoint written in the background is finished if every rank's writes
   are done (:func:`checkpoint.poll`, at every log-prob computation and update), then verl's (router replay).
 
-Everything here is what every device shares; verl's ``cpu`` device gets the subclass of
-:mod:`mcore_dapo.verl_cpu.engine` (load and offload told apart where the device and the host are both "cpu"). Both
-are registered by :mod:`mcore_dapo.verl_plugin.registrations`'s table, not by this module (its last line only
-finishes what the entry point asked for while the module executed: :func:`~.registrations.complete`). Importing this module
-imports verl's Megatron engine, so Megatron: the device is prepared first (MindSpeed before Megatron on Ascend).
+:class:`McoreDapoEngine` is what every device shares; verl's ``cpu`` device gets its subclass
+:class:`McoreDapoCpuEngine` (load and offload told apart where the device and the host are both "cpu"). Each is
+registered at its class statement under its rows of :mod:`mcore_dapo.verl_plugin.registrations`' table. Importing
+this module imports verl's Megatron engine, so Megatron: the device is prepared first (MindSpeed before Megatron on
+Ascend).
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ get_adapter().prepare()  # MindSpeed before Megatron on Ascend
 
 from verl.workers.engine.megatron import MegatronEngineWithLMHead  # noqa: E402
 
-from mcore_dapo.verl_plugin import registrations  # noqa: E402
-from mcore_dapo.verl_plugin.registrations import CHECKPOINT_MANAGER, load  # noqa: E402
+from mcore_dapo.verl_plugin.registrations import registered  # noqa: E402
 
 
+@registered
 class McoreDapoEngine(MegatronEngineWithLMHead):
     def _init_device_mesh(self):
         _configure_device(self)  # MindSpeed's repatch must precede initialize_model_parallel
@@ -54,7 +54,9 @@ class McoreDapoEngine(MegatronEngineWithLMHead):
         if getattr(self, "checkpoint_mananager", None) is not None:  # verl's spelling; None when forward_only
             # verl's manager rebuilt as the plugin's from its own constructor arguments: atomic saves, the
             # optimizer in a format with no gather, checks before a load (verl_plugin/checkpoint_manager.py)
-            self.checkpoint_mananager = load(CHECKPOINT_MANAGER).rebuilt(self.checkpoint_mananager, self)
+            from mcore_dapo.verl_plugin.checkpoint_manager import McoreDapoCheckpointManager
+
+            self.checkpoint_mananager = McoreDapoCheckpointManager.rebuilt(self.checkpoint_mananager, self)
 
     def _build_megatron_module(self):
         return _build_megatron_module(self)
@@ -261,4 +263,72 @@ def export_weights(engine):
     return exporter.iter_weights()
 
 
-registrations.complete(__name__)  # rows the entry point asked for while this module executed
+@registered
+class McoreDapoCpuEngine(McoreDapoEngine):
+    """The plugin's engine on the CPU, where verl 0.9.1's ``MegatronEngine`` tells the device from the host by name.
+
+    verl's ``MegatronEngine.to`` loads for ``device == get_device_name()`` and offloads for ``"cpu"``; its
+    ``save_checkpoint`` asks where the module lives and loads the DDP buffers back
+    (verl/workers/engine/megatron/transformer_impl.py). On the CPU the device and the host are both ``cpu``: verl
+    would take every call for a load, and its save would load buffers that ``use_distributed_optimizer=False`` does
+    not have. This subclass, registered for verl's ``cpu`` device only, tells them apart:
+
+    * ``to``: the train/eval mode contexts' entry loads (marked by :class:`_LoadOnEntry`), every other call (init,
+      the contexts' exit, ``update_weights`` after a sync) offloads, through verl's own helpers (param/grad/optimizer
+      offload run on the CPU too);
+    * ``save_checkpoint``: an offloaded model (and its gradient buffers) loaded for the save, through the plugin's
+      checkpoint manager, and offloaded again after it, as verl's own does.
+    """
+
+    def to(self, device: str, model: bool = True, optimizer: bool = True, grad: bool = True):
+        if getattr(self, "_mcore_loading", False):
+            return super().to(device, model=model, optimizer=optimizer, grad=grad)
+        return offload(self, model=model, optimizer=optimizer, grad=grad)
+
+    def train_mode(self, **kwargs):
+        return _LoadOnEntry(self, super().train_mode(**kwargs))
+
+    def eval_mode(self, **kwargs):
+        return _LoadOnEntry(self, super().eval_mode(**kwargs))
+
+    def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None, **kwargs):
+        import torch.distributed as dist
+
+        self.load_if_offloaded(load_grad=True)
+        self.checkpoint_mananager.save_checkpoint(local_path=local_path, hdfs_path=hdfs_path,
+                                                  global_step=global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+        dist.barrier()
+        if self._is_offload_param:
+            offload(self, model=True, optimizer=False, grad=False)
+
+
+class _LoadOnEntry:
+    """verl's train/eval mode context with its entry marked as a load for ``McoreDapoCpuEngine.to`` (the
+    entry's ``to(get_device_name())`` reads "cpu" there, as the offloads do)."""
+
+    def __init__(self, engine, ctx):
+        self.engine, self.ctx = engine, ctx
+
+    def __enter__(self):
+        self.engine._mcore_loading = True
+        try:
+            return self.ctx.__enter__()
+        finally:
+            self.engine._mcore_loading = False
+
+    def __exit__(self, *exc):
+        return self.ctx.__exit__(*exc)
+
+
+def offload(engine, model: bool, optimizer: bool, grad: bool) -> None:
+    """verl's offload branch of ``MegatronEngine.to`` (verl/workers/engine/megatron/transformer_impl.py):
+    the model's DDP buffers to host copies, their storage and the gradient buffers freed; the optimizer's
+    state to the CPU (where it already is)."""
+    from verl.utils.megatron_utils import offload_megatron_model_to_cpu, offload_megatron_optimizer
+
+    if grad:
+        assert model, "Gradient buffers must be moved to device along with model parameters"
+    if model:
+        offload_megatron_model_to_cpu(engine.module)
+    if optimizer and engine.optimizer is not None:
+        offload_megatron_optimizer(engine.optimizer)
