@@ -77,7 +77,7 @@ def test_a_padded_vocabulary_is_compared_over_its_real_rows():
 
 def test_unsupported_head_dim_is_one_line():
     from mcore_dapo.errors import UserError
-    from mcore_dapo.resharding.vllm_target import check_cpu_head_dim
+    from mcore_dapo.devices.cpu import check_cpu_head_dim
 
     with pytest.raises(UserError, match=r"head_dim=16 is not supported by vLLM's CPU attention; it accepts"):
         check_cpu_head_dim(16)

@@ -144,9 +144,17 @@ class CpuRollout(RolloutSettings):
         return {"VLLM_CPU_KVCACHE_SPACE": "1"}, {}
 
     def check_model(self, head_dim: int) -> None:
-        from mcore_dapo.resharding.vllm_target import check_cpu_head_dim
-
         check_cpu_head_dim(head_dim)
+
+
+def check_cpu_head_dim(head_dim: int) -> None:
+    """One line instead of vLLM's traceback when its CPU attention cannot serve the model (the head sizes read from
+    vLLM's CPUAttentionBackend)."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    dims = list(CPUAttentionBackend.get_supported_head_sizes())
+    if head_dim not in dims:
+        raise UserError(f"head_dim={head_dim} is not supported by vLLM's CPU attention; it accepts head_dim in {dims}")
 
 
 class CpuAdapter(DeviceAdapter):

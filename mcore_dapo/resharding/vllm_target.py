@@ -25,21 +25,6 @@ def require_vllm() -> str:
     return vllm.__version__
 
 
-def cpu_head_dims() -> list[int]:
-    """Head sizes vLLM's CPU attention backend accepts (read from vLLM: CPUAttentionBackend)."""
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    return list(CPUAttentionBackend.get_supported_head_sizes())
-
-
-def check_cpu_head_dim(head_dim: int) -> None:
-    """One line instead of vLLM's traceback when its CPU attention cannot serve the model."""
-    dims = cpu_head_dims()
-    if head_dim not in dims:
-        raise UserError(f"head_dim={head_dim} is not supported by vLLM's CPU attention; "
-                        f"it accepts head_dim in {dims}")
-
-
 def expected_weights(hf_config: dict) -> dict[str, tuple[int, ...]]:
     """Hub name -> shape that a vLLM model of ``hf_config`` (config.json as a dict) loads; its architecture
     one of the registered models' (:func:`mcore_dapo.bridge.models.architectures`)."""
