@@ -165,7 +165,8 @@ def test_checkpoint_that_does_not_fit_the_config_is_one_line_and_writes_nothing(
     else:
         mcore = tmp_path / "mcore"
         hf2mcore(make_tiny_model(tmp_path / "other", seed=2, **source), mcore, Layout(ep=1), progress=False)
-    r = _cli("mcore2hf", "--mcore-path", mcore, "--hf-config", tiny_moe, "--out", tmp_path / "hf", "--nproc", "2")
+    r = _cli("mcore2hf", "--mcore-path", mcore, "--hf-config", tiny_moe, "--out", tmp_path / "hf", "--nproc", "2",
+             "--json")
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == f"error: torch_dist checkpoint '{mcore}' does not fit the model " + message, r.stderr
     assert not (tmp_path / "hf").exists() and not list(tmp_path.glob(".hf.partial*"))
@@ -177,16 +178,29 @@ def test_verify_fails_on_a_different_checkpoint(tiny_moe, converted, tmp_path):
     mcore, _ = converted(Layout(ep=2))
     other = make_tiny_model(tmp_path / "other", seed=7)
     shutil.copy(tiny_moe / "config.json", other / "config.json")
-    out = subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", "verify", "--hf-path", str(other),
-                          "--mcore-path", str(mcore), "--json"], capture_output=True, text=True)
+    out = _cli("verify", "--hf-path", other, "--mcore-path", mcore, "--json")
     assert out.returncode == 1, out.stderr
     r = json.loads(out.stdout)
     assert not r["passed"] and r["checksum_mismatches"] == 135 and r["max_abs_diff"] > 1e-2
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.convert", *map(str, args)],
-                          capture_output=True, text=True)
+    """``mcore-convert args``: the console script's function (``mcore_dapo.cli.convert:main``) in this process, its
+    output and exit code as a finished process's (its launches start as the suite's do, tests/conftest.py; the
+    console script in a process of its own: test_interrupted_conversion_leaves_no_finished_checkpoint)."""
+    import contextlib
+    import io
+    import types
+
+    from mcore_dapo.cli.convert import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
+    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_existing_output_is_refused_unless_overwrite(tiny_moe, tmp_path):
