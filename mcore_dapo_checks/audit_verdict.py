@@ -10,7 +10,7 @@ from __future__ import annotations
 #   taught model answers in 3), where the engine's log-probs carry bf16 rounding (~1e-2 a token) and the
 #   reference's do not: ~1e-2 * 2 / sqrt(50) ~ 3e-3 at most, as the per-token differences partly cancel;
 #   measured <= 8.6e-4 in the synchronous runs, <= 1.2e-3 over the 8 updates of both asynchronous runs, and
-#   2.3e-3 at one update of a later separate_async run (2026-12-03): 5e-3. The aggregation itself is checked
+#   2.3e-3 at one update of a later separate_async run: 5e-3. The aggregation itself is checked
 #   apart and sharply: the engine's loss against verl's loss formula over the whole batch on the engine's own
 #   log-probs (the ratio 1, no rounding of the reference's in between): measured at most 2.2e-8 over 16 updates of
 #   four runs (float32 sums in another order): 1e-5; a mis-scaled token-mean (per-rank tokens, a DP factor) is
@@ -24,11 +24,11 @@ from __future__ import annotations
 #   moves most elements (the update moves 65 to 86 %). The reference's chain runs twice, fed with the fp32 and
 #   with the bf16 HF model's gradients (below): an element counts where it is beyond both. Mostly the same (the
 #   two gradients thousandths apart); after an update whose gradient bf16 rounding moves wholly (below) the fp32
-#   chain alone had 31.8 % of the elements beyond at update 4, both chains 15.4 % (2026-12-04).
+#   chain alone had 31.8 % of the elements beyond at update 4, both chains 15.4 %.
 LOSS_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 0.1, 4e-3
 LOSS_AGGREGATION_ABS = 1e-5
 
-# The audit's tolerances beyond those above, argued from the first measurements (2-core CPU, 2026-12-03):
+# The audit's tolerances beyond those above, argued from the first measurements (2-core CPU):
 # - per-token log-probs: the fp32 HF reference with the rollout's routes forced (R3) or its own routing, at the
 #   weights the update starts from, against the engine's old log-probs (bf16 Megatron, the same weights, its
 #   routes replayed): bf16's rounding of the logits over 8 MoE layers, relative to their size, so the check takes
@@ -57,7 +57,7 @@ LOSS_AGGREGATION_ABS = 1e-5
 #   rounding is not the bf16 recomputation's: its log-probs (the same forward that the gradient runs back through)
 #   were 0.24 to 4.2 times as far from the fp32 reference's as the bf16 model's over one run's 4 updates (root mean
 #   square over the batch), and at the update where the engine's was 2.6 times as far its embeddings' gradient norm
-#   was 4.6 times the bf16 difference from the fp32 one (2026-12-06: the first failure of the bound; the other parts
+#   was 4.6 times the bf16 difference from the fp32 one (the first failure of the bound; the other parts
 #   and updates at most 2.1). So the bound scales with that ratio, measured at the same update (rounding_ratio, at
 #   least 1): BF16_SPREAD x ratio x the bf16 part difference. A wrong scale of a part moves its norm by the scale,
 #   not by rounding; a forward that is wrong beyond rounding fails the log-probs check (LOGPROB_TOL) first. Derived from the
@@ -75,7 +75,7 @@ LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
 #   recomputation of the same update, audit_reference.near_ties): each of the two logits may move by BF16_SPREAD times
 #   that shift in the engine, as its gradients do (above). A router with a per-expert bias, or routes of other experts,
 #   is not near any tie. How many routes differ is not held to a share: that is the batch's, how many of its routes
-#   lie within rounding's reach. The Ascend line's trainer run of 2026-12-06 (`python -m
+#   lie within rounding's reach. One Ascend-line trainer run (`python -m
 #   mcore_dapo_checks.audit_reference RUN/audit`): 4 to 44 of an update's 960 routes within twice the bf16 shift
 #   (routes_within_rounding), the engine's own routes differing from the fp32 router's at 0 to 12 of them, each a
 #   near-tie within 1.27 of the shift; a share floor of 0.99 (one near-tie in two hundred, from the first runs) failed

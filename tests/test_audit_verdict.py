@@ -5,7 +5,7 @@ reject it."""
 
 from mcore_dapo_checks.audit_verdict import part_bound, part_misses, resolves, rounding_ratio
 
-# one update of a synchronous EP2 run (TP2+SP x DP2, EP2 x EDP2, router replay R3; its second update, 2026-12-06):
+# one update of a synchronous EP2 run (TP2+SP x DP2, EP2 x EDP2, router replay R3; its second update):
 # the engine's embeddings' gradient norm 3 % above the fp32 reference's, 4.6 times the bf16 recomputation's
 # difference, while the engine's log-probs were 2.6 times as far from the fp32 reference's as the bf16 model's
 UPDATE = {

@@ -123,7 +123,7 @@ def test_validation_and_checkpoints_run_at_the_scripts_frequencies_in_the_h100_l
 # transport's hashes (test_the_standalone_rollout_holds_the_weights_it_reports). Without router replay (megatron-core
 # before 0.16, the Ascend line) the actor routes by itself: a token whose router scores are within bf16's rounding
 # of a tie takes other experts than in the rollout and lands several bf16 steps away (measured 3.5e-2 at a fresh
-# step on that line, 2026-12-03; the vLLM run's bound below, 0.1, for the same reason).
+# step on that line; the vLLM run's bound below, 0.1, for the same reason).
 PROBS_DIFF_MAX, PROBS_DIFF_MAX_NATIVE_ROUTING = 2e-2, 0.1
 
 
