@@ -2,13 +2,13 @@
 launches (:func:`mcore_dapo.runtime.launch.run_torchrun`, through its ``STARTER``) where most of a launch was each
 rank importing them (docs/TESTING.md, "Launches").
 
-A launch gets what torchrun gives its ranks: ``nproc`` fresh processes (forked by a leader, which stands where
-torchrun's agent does: the ranks share its session and process group), torchrun's variables (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...), the launch's environment, ``python -m module
-args`` run as ``__main__`` with its output appended to the launch's log, and the normal end of an interpreter
-(atexit, threads joined). Rank 0 hosts the store (``init_process_group``'s ``env://``), where torchrun's agent
-would. When a rank fails the others are stopped, as torchrun does. Declined (the caller runs torchrun) where the
-launch's environment differs from the server's in a variable a module may read as it imports.
+A launch gets what torchrun gives its ranks: ``nproc`` fresh processes, each in a session of its own (forked by a
+leader, which stands where torchrun's agent does and stops the others when one fails), torchrun's variables
+(``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``, ...), the launch's environment, ``python
+-m module args`` run as ``__main__`` with its output appended to the launch's log, and the normal end of an
+interpreter (atexit, threads joined). Rank 0 hosts the store (``init_process_group``'s ``env://``), where torchrun's
+agent would. Declined (the caller runs torchrun) where the launch's environment differs from the server's in a
+variable a module may read as it imports.
 
 The server (``python -m mcore_dapo_checks.rank_server SOCKET``) preloads :data:`PRELOAD` after the CPU adapter's
 preparation, then forks on each request; it ends when its parent closes its stdin.
@@ -100,9 +100,11 @@ def _serve(path: str):
 
 
 def _lead(request: dict, conn: socket.socket):
-    """A launch's leader, as torchrun's agent: its session holds the ranks (a rank's ``killpg`` of its own group
-    takes the launch, as under torchrun); it reports their pids, then the first failing rank's exit code (the others
-    stopped: SIGTERM, SIGKILL after STOP_GRACE_S) or 0, and exits. Returns (request, rank) in a rank."""
+    """A launch's leader, where torchrun's agent stands: it forks the ranks (each in a session of its own, as torchrun
+    starts them: torch/distributed/elastic/multiprocessing/subprocess_handler, ``start_new_session``), reports their
+    pids, waits; when a rank fails, stops the others' process groups as the agent does (SIGTERM, SIGKILL after
+    STOP_GRACE_S) and reports torchrun's exit status (1; 0 when every rank succeeded), then exits. Returns
+    (request, rank) in a rank."""
     os.setsid()
     pids = []
     for rank in range(request["nproc"]):
@@ -126,9 +128,8 @@ def _lead(request: dict, conn: socket.socket):
             if pid not in left:
                 continue  # a rank's orphaned child, adopted by no one else in this session
             left.discard(pid)
-            rank_code = os.waitstatus_to_exitcode(status)
-            if rank_code != 0 and code == 0:
-                code = rank_code  # as torchrun: the first failure, the others stopped
+            if os.waitstatus_to_exitcode(status) != 0 and code == 0:
+                code = 1  # torchrun's exit status when a rank failed; the others stopped
                 for other in left:
                     _signal(other, signal.SIGTERM)
                 stop_at = time.monotonic() + STOP_GRACE_S
@@ -143,6 +144,7 @@ def _become_rank(request: dict, rank: int) -> None:
     import builtins
     import types
 
+    os.setsid()
     fd = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -236,7 +238,7 @@ class RankServer:
         request = {"module": argv[1], "args": list(argv[2:]), "env": env, "log": str(log), "cwd": os.getcwd(),
                    "nproc": nproc, "port": port}
         end = None if timeout is None else time.monotonic() + timeout
-        session = None
+        session, pids = None, []
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.connect(path)
             s.sendall((json.dumps(request) + "\n").encode())
@@ -248,18 +250,18 @@ class RankServer:
                         msg = json.loads(line)
                         if "code" in msg:
                             return msg["code"]
-                        session = msg["session"]
+                        session, pids = msg["session"], msg["pids"]
                         continue
                     if end is not None and time.monotonic() >= end:
                         return None
                     if select.select([s], [], [], 0.2)[0]:
                         chunk = s.recv(1 << 16)
-                        if not chunk:  # the leader killed with its ranks (a rank's killpg), as torchrun would be
-                            return -signal.SIGKILL
+                        if not chunk:
+                            raise RuntimeError("a launch's leader ended before its ranks' exit status")
                         buf += chunk
             finally:
-                if session is not None:
-                    kill_session(session)
+                for sid in [session, *pids] if session is not None else []:
+                    kill_session(sid)  # what is left of the launch (a rank's helper processes)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -272,8 +274,9 @@ class RankServer:
 
 
 def _signal(pid: int, sig: int) -> None:
+    """``sig`` to the process group a rank leads (its session's)."""
     try:
-        os.kill(pid, sig)
+        os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -130,7 +130,8 @@ def write_tracker(root: Path, step: int) -> None:
 
 
 def kill_all() -> None:
-    """SIGKILL to every process of the launch at once (torchrun and its ranks share the process group)."""
+    """SIGKILL to this rank's process group: the rank and its helper processes (the background writer) at once,
+    torchrun starting each rank in a session of its own; the launcher then stops the other ranks."""
     import os
     import signal
 
@@ -559,7 +560,7 @@ def main(argv=None) -> int:
     Layout.add_args(ap, ("tp", "pp", "ep"), ep=2)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--kill-in-save", choices=POINTS, default=None,
-                    help="after the result is written: save step 2 and SIGKILL every process at that point")
+                    help="after the result is written: save step 2 and SIGKILL rank 0's processes at that point")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a verl override for every engine of the launch")
     ap.add_argument("--out", default=None)

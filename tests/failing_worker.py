@@ -36,7 +36,8 @@ def run(a) -> dict:
         mine = {"env": dict(os.environ), "argv0": sys.argv[0], "main_file": getattr(main, "__file__", None),
                 "main_run": main.__dict__.get("run") is run, "main_names": sorted(main.__dict__),
                 "random": random.random(), "numpy_random": float(numpy.random.random()),
-                "torch_random": float(torch.rand(1)), "pid": os.getpid()}
+                "torch_random": float(torch.rand(1)), "pid": os.getpid(),
+                "own_session": os.getsid(0) == os.getpid()}
         ranks = [None] * dist.get_world_size()
         dist.all_gather_object(ranks, mine)
         return {"ranks": ranks}

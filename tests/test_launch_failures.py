@@ -79,9 +79,10 @@ def test_the_suites_rank_server_starts_the_ranks_torchrun_would(rank_server):
     """tests/conftest.py starts the suite's ranks from mcore_dapo_checks.rank_server (torch and Megatron imported
     once, each rank forked): the reference is torchrun's own launch of the same worker. Each rank gets torchrun's
     variables with its values (but the launch's own: the port, the failures folder, the agent's error file and
-    store, which rank 0 hosts here), runs the module as ``__main__`` from its file in a fresh namespace, and draws
-    its own random numbers as a fresh interpreter does (Python's, numpy's and torch's generators
-    seeded afresh). Its user errors are their line (below, and test_an_unexpected_error_... for the others)."""
+    store, which rank 0 hosts here) and a session of its own, runs the module as ``__main__`` from its file in a
+    fresh namespace, and draws its own random numbers as a fresh interpreter does (Python's, numpy's and torch's
+    generators seeded afresh). Its user errors are their line (below, and test_an_unexpected_error_... for the
+    others)."""
     from mcore_dapo.runtime import launch
 
     per_launch = {"MASTER_PORT", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE", "PWD", "_", failures.ENV}
@@ -96,6 +97,7 @@ def test_the_suites_rank_server_starts_the_ranks_torchrun_would(rank_server):
         assert {k: f["env"].get(k) for k in torchruns} == torchruns
         assert f["argv0"] == f["main_file"] == t["argv0"] == str(TESTS / "failing_worker.py") and f["main_run"]
         assert f["main_names"] == t["main_names"]  # a fresh __main__, not the server's
+        assert f["own_session"] and t["own_session"]  # torchrun starts each rank in a session of its own
     for draw in ("random", "numpy_random", "torch_random"):  # each interpreter seeds them afresh
         assert len({r[draw] for r in reference}) == len({r[draw] for r in forked}) == 2
     with pytest.raises(UserError) as e:
