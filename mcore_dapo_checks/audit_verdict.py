@@ -67,8 +67,8 @@ LOSS_AGGREGATION_ABS = 1e-5
 #   to float64 summation order (PARTS_RSS_REL). Not explained yet: at one update of a vllm_run (colocate_async,
 #   staleness 1, KL on) the engine's embeddings, attention and routers were 9.5 to 11 % under the reference's
 #   (1.9 to 2.5 times their bounds; per layer the routers -0.6 to -16 % with no pattern by pipeline chunk) while its
-#   log-probs were closer to fp32 than the bf16 recomputation's: the recomputation's rounding understates the
-#   engine's on such near-zero gradients at some updates; the bound was not widened for it.
+#   log-probs were closer to fp32 than the bf16 recomputation's. What the bound misses there is not found (a
+#   guess: the recomputation's rounding understating the engine's on near-zero gradients); not widened for it.
 LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
 # - the routes the reference is forced to: the rollout's where the engine replays them (R3), else those the engine's
 #   routers chose in the update's forward (the audit keeps them). An fp32 reference routing by itself is not a
