@@ -125,9 +125,7 @@ def _lead(request: dict, conn: socket.socket):
                         _signal(other, signal.SIGKILL)
                 time.sleep(0.05)
                 continue
-            if pid not in left:
-                continue  # a rank's orphaned child, adopted by no one else in this session
-            left.discard(pid)
+            left.discard(pid)  # (the ranks are the leader's only children)
             if os.waitstatus_to_exitcode(status) != 0 and code == 0:
                 code = 1  # torchrun's exit status when a rank failed; the others stopped
                 for other in left:
