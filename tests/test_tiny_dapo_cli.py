@@ -23,6 +23,8 @@ from mcore_dapo.cli.main import run
     (["--trainer-mode", "fully_async"], "--trainer-mode='fully_async' is not accepted: sync, colocate_async, separate_async"),
     (["--gen-tp", "3"], "--gen-tp=3 is not accepted: 1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
      "at most the trainer's 2 or 4 ranks)"),
+    (["--gen-tp", "2", "--gen-ep", "4"], "--gen-ep=4 is not accepted: 1 or --gen-tp's 2 (vLLM's expert parallelism "
+     "spans a replica's tensor-parallel ranks)"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, line):
     assert run(["tiny-dapo", "--workdir", str(tmp_path), *args]) == 2

@@ -33,6 +33,8 @@ def add_commands(sub) -> None:
                    "ranks)")
     p.add_argument("--gen-tp", type=int, default=1, help="the rollout's tensor-parallel size (the scripts' GEN_TP; "
                    "2 runs on vLLM's CPU build)")
+    p.add_argument("--gen-ep", type=int, default=1, help="the rollout's expert-parallel size (the scripts' GEN_EP): 1, "
+                   "or --gen-tp's (vLLM's experts over the replica's tensor-parallel ranks)")
     p.add_argument("--trainer-mode", default="sync", help="sync | colocate_async | separate_async (verl's "
                    "trainer.v1.trainer_mode: generation overlapped with training; separate_async runs the rollout "
                    "in its own process, weights through the gloo checkpoint engine)")
@@ -77,6 +79,9 @@ def _validated(a) -> None:
     if a.gen_tp not in (1, 2):
         raise accepted("--gen-tp", a.gen_tp, "1 or 2 (the tiny model's 4 KV heads over the rollout's ranks, "
                        "at most the trainer's 2 or 4 ranks)")
+    if a.gen_ep not in (1, a.gen_tp):
+        raise accepted("--gen-ep", a.gen_ep, f"1 or --gen-tp's {a.gen_tp} (vLLM's expert parallelism spans a "
+                       "replica's tensor-parallel ranks)")
     from mcore_dapo_checks.tiny_dapo import check_trainer_mode, replay_overrides
 
     check_trainer_mode(a.trainer_mode)
@@ -153,10 +158,10 @@ def tiny_dapo(a) -> int:
               "(resume_mode=auto, as the launch scripts)", flush=True)
     r = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
             router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides),
-            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, trainer_mode=a.trainer_mode)
+            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, gen_ep=a.gen_ep, trainer_mode=a.trainer_mode)
     summary, ok = report(r, a.steps, start)
     steps = summary["steps"]
-    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp,
+    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp, "gen_ep": a.gen_ep,
            "router_replay": a.router_replay or "off", **summary}
     if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log
         from mcore_dapo.runtime.failures import summarize_entry_point_log
