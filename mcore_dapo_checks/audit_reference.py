@@ -116,7 +116,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
                    grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
                    rollout_log_prob_shift: float = 0.0,
                    routing: dict | None = None, route_bias: tuple[int, float] | None = None,
-                   log_probs: dict | None = None) -> dict:
+                   log_probs: dict | None = None, rounding_draw: int | None = None) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo_checks.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
     the reference routes by itself even when the batch carries routes (for comparisons). Mutations the checks must
@@ -128,7 +128,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     ``routing``: filled with the routers' logits by (sequence, layer) and the (token, layer) pairs whose forced routes
     are not the router's own (:func:`near_ties`). ``route_bias=(expert, raise)``, a mutation: the routes forced are
     the reference router's own top-k with that expert's logit raised (an engine whose router had a per-expert bias).
-    ``log_probs``: gets this model's log-probs of the response tokens (``new``, flattened)."""
+    ``log_probs``: gets this model's log-probs of the response tokens (``new``, flattened). ``rounding_draw``: a seed;
+    the embeddings' output is moved by at most one bf16 spacing at random (:func:`perturb_embeddings`), so that a bf16
+    model rounds every later step of the same computation otherwise (one more draw of bf16's rounding, reference())."""
     from transformers import AutoModelForCausalLM
 
     from mcore_dapo_checks.verl_dapo import actor_config
@@ -156,6 +158,8 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
                                                  attn_implementation="eager").train()
+    if rounding_draw is not None:
+        perturb_embeddings(model, rounding_draw)
     if routes is not None and routes_offset:  # a mutation: every token routed to other experts
         routes = [(r + routes_offset) % model.config.num_experts for r in routes]
     forced = ForcedRoutes(model, route_bias)
@@ -250,6 +254,25 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             # how many of the forced (token, layer) routes the reference's own router picks too: the rest are the
             # tokens whose router scores tie within the engine's rounding (a route mixed up is far below 1)
             "routes_native_agreement": forced.same / forced.total if forced.total else None}
+
+
+# how far perturb_embeddings moves each element of the embeddings' output, relative: bf16 keeps 8 significant bits,
+# so its spacing is 2^-7 to 2^-8 of the value; a move of up to 2^-7 rounds to a neighbour about half the time (a move
+# under half a spacing, 2^-9, would round back to the same value everywhere: no other draw at all)
+EMBEDDING_MOVE = 2.0 ** -7
+
+
+def perturb_embeddings(model, seed: int) -> None:
+    """The model's embeddings' output, each element times 1 + u with u uniform in +-EMBEDDING_MOVE (a generator
+    seeded with ``seed``), rounded back to the model's dtype: an input to the rest of the model within one bf16
+    spacing of the exact one, whose rounding at every later step differs from the unperturbed forward's."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def hook(module, args, out):
+        u = (torch.rand(out.shape, generator=generator, dtype=torch.float32) * 2 - 1) * EMBEDDING_MOVE
+        return (out.float() * (1 + u.to(out.device))).to(out.dtype)
+
+    model.get_input_embeddings().register_forward_hook(hook)
 
 
 def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -546,6 +569,11 @@ def route_bias_sweep(folder: Path, raises=(0.01, 0.02, 0.05, 0.1, 0.2), expert: 
     return out
 
 
+# the draws of bf16's rounding beside the unperturbed bf16 recomputation (reference()): four, each about 0.8 s an
+# update of the tiny model on one core
+ROUNDING_DRAWS = 4
+
+
 def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: dict | None = None,
               rounding: bool = True) -> list[dict]:
     """Every audited step recomputed, and the optimizer step chained over them (:class:`ReferenceAdam`):
@@ -555,7 +583,11 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
 
     ``rounding``: each step recomputed a second time by the HF model in bf16 (the engine's dtype) on the same
     inputs and routes, its optimizer step chained beside the fp32 one: ``reference_bf16_grad_diff`` is the norm of
-    the difference of the two gradients, how far bf16 rounding alone moves this update's gradient. Mostly a few
+    the difference of the two gradients, how far bf16 rounding alone moves this update's gradient; and
+    :data:`ROUNDING_DRAWS` times more in bf16 with the embeddings' output moved within one bf16 spacing
+    (:func:`perturb_embeddings`): per part, the largest of the draws' differences from the fp32 gradient
+    (``reference_bf16_part_grad_diff``; each draw's in ``reference_bf16_part_grad_diffs``), and of their log-probs'
+    (``reference_bf16_logprob_rms_diff``). Mostly a few
     thousandths; at an update whose gradient flows through near-saturated attention into the first positions'
     embeddings it is the whole gradient (the fp32 model's 2.35 against the bf16 model's 0.29, docs/TESTING.md)."""
     from transformers import AutoModelForCausalLM
@@ -580,8 +612,23 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
             r["reference_bf16_grad_norm"] = r16["reference_grad_norm"]
             r["reference_bf16_grad_diff"] = math.sqrt(sum(float(((g - grads_bf16[n]) ** 2).sum())
                                                           for n, g in grads.items()))
-            r["reference_bf16_part_grad_diff"] = part_norms({n: g - grads_bf16[n] for n, g in grads.items()})
-            r["reference_bf16_logprob_rms_diff"] = float((lp16["new"] - lp["new"]).pow(2).mean().sqrt())
+            # how far bf16 rounding moves each part's gradient and the log-probs at this update: the bf16 model's
+            # forward and backward, and ROUNDING_DRAWS more with the embeddings' output moved within one bf16 spacing
+            # (perturb_embeddings), each a draw of the rounding of the same computation. One draw is not a measure:
+            # at the same update the draws' part differences spread 3 to 7 times (docs/TESTING.md, "The audit's
+            # bounds"); the largest is the yardstick (audit_verdict.part_bound)
+            diffs = [part_norms({n: g - grads_bf16[n] for n, g in grads.items()})]
+            lp_diffs = [float((lp16["new"] - lp["new"]).pow(2).mean().sqrt())]
+            for draw in range(ROUNDING_DRAWS):
+                g_draw, lp_draw = {}, {}
+                reference_step(f, dtype=torch.bfloat16, grads=g_draw, settings=settings, log_probs=lp_draw,
+                               rounding_draw=draw)
+                diffs.append(part_norms({n: g - g_draw[n] for n, g in grads.items()}))
+                lp_diffs.append(float((lp_draw["new"] - lp["new"]).pow(2).mean().sqrt()))
+            r["reference_bf16_part_grad_diffs"] = diffs
+            r["reference_bf16_part_grad_diff"] = {p: max(d[p] for d in diffs) for p in diffs[0]}
+            r["reference_bf16_logprob_rms_diffs"] = lp_diffs
+            r["reference_bf16_logprob_rms_diff"] = max(lp_diffs)
         if (f / "hf-after").is_dir():
             part = torch.load(next(iter(sorted(f.glob("rank*.pt")))), weights_only=False)
             planned = planned_update(f, part, composed)
