@@ -11,6 +11,7 @@ import time
 import pytest
 import torch
 from safetensors import safe_open
+from in_process import run_cli
 
 from mcore_dapo.bridge import Layout
 from mcore_dapo.io import output
@@ -185,22 +186,12 @@ def test_verify_fails_on_a_different_checkpoint(tiny_moe, converted, tmp_path):
 
 
 def _cli(*args):
-    """``mcore-convert args``: the console script's function (``mcore_dapo.cli.convert:main``) in this process, its
-    output and exit code as a finished process's (its launches start as the suite's do, tests/conftest.py; the
-    console script in a process of its own: test_interrupted_conversion_leaves_no_finished_checkpoint)."""
-    import contextlib
-    import io
-    import types
-
+    """``mcore-convert args``: the console script's function (``mcore_dapo.cli.convert:main``) in this process
+    (tests/in_process.py; the console script in a process of its own:
+    test_interrupted_conversion_leaves_no_finished_checkpoint)."""
     from mcore_dapo.cli.convert import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as e:  # argparse's refusals
-            code = e.code
-    return types.SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
+    return run_cli(main, *args)
 
 
 def test_existing_output_is_refused_unless_overwrite(tiny_moe, tmp_path):

@@ -2,17 +2,18 @@
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
+from in_process import run_cli
 
 from mcore_dapo_checks.cli.selfcheck import STEPS
 
 
 def selfcheck(*args):
-    return subprocess.run([sys.executable, "-m", "mcore_dapo.cli.main", "selfcheck", *args, "--json"],
-                          capture_output=True, text=True, timeout=900)
+    """``mcore-dapo selfcheck ARGS --json``: the console script's function in this process (tests/in_process.py)."""
+    from mcore_dapo.cli.main import main
+
+    return run_cli(main, "selfcheck", *args, "--json")
 
 
 @pytest.mark.cpu_only
