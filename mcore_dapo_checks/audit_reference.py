@@ -615,8 +615,8 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
             # how far bf16 rounding moves each part's gradient and the log-probs at this update: the bf16 model's
             # forward and backward, and ROUNDING_DRAWS more with the embeddings' output moved within one bf16 spacing
             # (perturb_embeddings), each a draw of the rounding of the same computation. One draw is not a measure:
-            # at the same update the draws' part differences spread 3 to 7 times (docs/TESTING.md, "The audit's
-            # bounds"); the largest is the yardstick (audit_verdict.part_bound)
+            # at the same update the draws' part differences spread 3 to 7 times (docs/BENCHMARKS.md, "The audit's
+            # rounding draws"); the largest is the yardstick (audit_verdict.part_bound)
             diffs = [part_norms({n: g - grads_bf16[n] for n, g in grads.items()})]
             lp_diffs = [float((lp16["new"] - lp["new"]).pow(2).mean().sqrt())]
             for draw in range(ROUNDING_DRAWS):

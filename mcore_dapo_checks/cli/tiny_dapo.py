@@ -161,8 +161,8 @@ def tiny_dapo(a) -> int:
             teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, gen_ep=a.gen_ep, trainer_mode=a.trainer_mode)
     summary, ok = report(r, a.steps, start)
     steps = summary["steps"]
-    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp, "gen_ep": a.gen_ep,
-           "router_replay": a.router_replay or "off", **summary}
+    out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp,
+           "gen_ep": a.gen_ep, "router_replay": a.router_replay or "off", **summary}
     if r["returncode"] != 0 and Path(r["train_log"]).is_file():  # the first error, from the trainer's log
         from mcore_dapo.runtime.failures import summarize_entry_point_log
 
