@@ -40,15 +40,11 @@ STAMP  := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# --no-compile: pip would compile every installed module to bytecode (about 29,000 files on the main stack); Python
-# compiles the ones a run imports, once, on first import
-PIP    := $(BIN)/pip install --quiet --disable-pip-version-check --no-compile
-
 $(STAMP): pyproject.toml $(LOCKS) $(NODEPS_LOCKS)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) $(addprefix -r ,$(LOCKS))
-	$(if $(NODEPS_LOCKS),$(PIP) --no-deps $(addprefix -r ,$(NODEPS_LOCKS)))
-	$(PIP) --no-deps -e .
+	$(BIN)/pip install --quiet --disable-pip-version-check $(addprefix -r ,$(LOCKS))
+	$(if $(NODEPS_LOCKS),$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(addprefix -r ,$(NODEPS_LOCKS)))
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
 demo: $(STAMP)
