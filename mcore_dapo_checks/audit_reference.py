@@ -55,7 +55,7 @@ class ForcedRoutes:
     replay (top-k indices replaced, probabilities from the router's own scores). Later tokens (the
     one a rollout never fed back) keep their own routing. ``routes=None``: no forcing."""
 
-    def __init__(self, model, bias: tuple[int, float] | None = None):
+    def __init__(self, model):
         from mcore_dapo.verl_cpu.rollout import moe_gates
 
         self.gates = moe_gates(model)
@@ -64,7 +64,6 @@ class ForcedRoutes:
         self.logits: dict[tuple[int, int], torch.Tensor] = {}
         # (sequence, layer) -> (token indices, forced routes) where the forced experts are not the router's own
         self.differ: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.bias = bias  # a mutation: the routes forced are the router's own top-k with one expert's logit raised
         self.same = self.total = 0  # forced (token, layer) pairs whose experts the router would have chosen itself
         self.top_k = None
         self.handles = [g.register_forward_hook(self._hook(i)) for i, g in enumerate(self.gates)]
@@ -79,11 +78,6 @@ class ForcedRoutes:
             n = min(self.routes.shape[0], indices.shape[0])
             self.top_k = indices.shape[-1]
             forced = self.routes[:n, layer].to(indices.device, indices.dtype)
-            if self.bias is not None:
-                expert, raise_by = self.bias
-                biased = logits[:n].detach().float().clone()
-                biased[:, expert] += raise_by
-                forced = biased.topk(indices.shape[-1], dim=-1).indices.to(indices.dtype)
             ordered = torch.sort(forced, dim=-1).values
             same = (torch.sort(indices[:n], dim=-1).values == ordered).all(-1)
             # a row naming one expert twice is no router's choice: a position the rollout returned no routes for
@@ -115,7 +109,7 @@ def _padded(pieces: list[torch.Tensor]) -> torch.Tensor:
 def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype = torch.float32,
                    grads: dict | None = None, settings: dict | None = None, routes_offset: int = 0,
                    rollout_log_prob_shift: float = 0.0,
-                   routing: dict | None = None, route_bias: tuple[int, float] | None = None,
+                   routing: dict | None = None, route_bias: tuple[int, float, str] | None = None,
                    log_probs: dict | None = None, rounding_draw: int | None = None) -> dict:
     """One audited update in one process (clip 0.2/0.28, clip_ratio_c 10, token-mean: the DAPO settings
     of :func:`mcore_dapo_checks.verl_dapo.actor_config` and of ``tiny_dapo``). ``force_routes=False``:
@@ -126,8 +120,11 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     recomputed from them. ``dtype``:
     the HF model's (``torch.bfloat16`` shows how far bf16 rounding alone moves the loss and the gradient).
     ``routing``: filled with the routers' logits by (sequence, layer) and the (token, layer) pairs whose forced routes
-    are not the router's own (:func:`near_ties`). ``route_bias=(expert, raise)``, a mutation: the routes forced are
-    the reference router's own top-k with that expert's logit raised (an engine whose router had a per-expert bias).
+    are not the router's own, and the engine's router logits where it kept them (:func:`near_ties`).
+    ``route_bias=(expert, raise, where)``, a mutation of the engine's kept routes (an engine whose router had a
+    per-expert bias): ``where="selection"``, the routes are the top-k of the engine's logits with that expert's raised
+    (a bias added where the experts are picked), ``"logits"``, the engine's logits themselves raised and the routes
+    their top-k (a bias in the router's output).
     ``log_probs``: gets this model's log-probs of the response tokens (``new``, flattened). ``rounding_draw``: a seed;
     the embeddings' output is moved by at most one bf16 spacing at random (:func:`perturb_embeddings`), so that a bf16
     model rounds every later step of the same computation otherwise (one more draw of bf16's rounding, reference())."""
@@ -153,8 +150,14 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             cols[k] += p["batch"].get(k, [])
     routes = [r for p in shares.values() for r in p["batch"].get(ROUTES, [])] if force_routes else None
     routes, routes_from = routes or None, "batch"
+    engine_logits = None
     if routes is None and force_routes and any(p.get("engine_routes") for p in parts):
-        routes, routes_from = _engine_routes(folder, parts, seqs), "engine"
+        routes, engine_logits = _engine_routes(folder, parts, seqs)
+        routes_from = "engine"
+        if route_bias is not None:
+            routes, engine_logits = _biased_routes(engine_logits, routes, *route_bias)
+    elif route_bias is not None:
+        raise ValueError(f"{folder.name}: route_bias mutates the engine's kept routes; this update has none")
     mask, old, adv = (_padded(cols[k]) for k in FIELDS[1:])
     model = AutoModelForCausalLM.from_pretrained(str(folder / "hf"), dtype=dtype,
                                                  attn_implementation="eager").train()
@@ -162,7 +165,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         perturb_embeddings(model, rounding_draw)
     if routes is not None and routes_offset:  # a mutation: every token routed to other experts
         routes = [(r + routes_offset) % model.config.num_experts for r in routes]
-    forced = ForcedRoutes(model, route_bias)
+    forced = ForcedRoutes(model)
     new = torch.zeros_like(old)
     for i, s in enumerate(seqs):
         r, n = int(mask[i].sum()), s.shape[0]
@@ -173,6 +176,9 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     forced.close()
     if routing is not None:
         routing.update(logits=forced.logits, differ=forced.differ, top_k=forced.top_k)
+        if engine_logits is not None:
+            routing["engine_logits"] = {(i, layer): engine_logits[i][:l32.shape[0], layer]
+                                        for (i, layer), l32 in forced.logits.items()}
     valid = mask > 0
     # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
     # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
@@ -253,7 +259,10 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             "routes_from": None if routes is None else routes_from,
             # how many of the forced (token, layer) routes the reference's own router picks too: the rest are the
             # tokens whose router scores tie within the engine's rounding (a route mixed up is far below 1)
-            "routes_native_agreement": forced.same / forced.total if forced.total else None}
+            "routes_native_agreement": forced.same / forced.total if forced.total else None,
+            # the engine's own routes against the logits its routers chose them from: a bias, a mask or another
+            # index where the experts are picked makes a route that is no top-k of them (None: logits not kept)
+            "routes_not_engine_top_k": None if engine_logits is None else not_top_k(engine_logits, routes)[0]}
 
 
 # how far perturb_embeddings moves each element of the embeddings' output, relative: bf16 keeps 8 significant bits,
@@ -275,22 +284,54 @@ def perturb_embeddings(model, seed: int) -> None:
     model.get_input_embeddings().register_forward_hook(hook)
 
 
-def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) -> tuple[list, list | None]:
     """The routes the engine's routers chose in the update's forward (:mod:`mcore_dapo_checks.audit`, kept where the
     batch has none to replay), per sequence of the batch ``[tokens, MoE layers, top_k]``: each rank wrote the
-    layers it holds for the sequences it ran."""
+    layers it holds for the sequences it ran; with the router logits they were chosen from, per sequence
+    ``[tokens, MoE layers, experts]`` (None where a router's were not kept)."""
     merged: dict[tuple, dict] = {}
     for p in parts:
         for ids, layers in (p.get("engine_routes") or {}).items():
             merged.setdefault(ids, {}).update(layers)
-    out = []
+    routes, logits = [], []
     for s in seqs:
         layers = merged.get(tuple(s.tolist()))
         if layers is None:
             raise ValueError(f"{folder.name}: the engine kept no routes for a sequence of the batch "
                              f"({s.shape[0]} tokens)")
-        out.append(torch.stack([layers[n] for n in sorted(layers)], dim=1).long())
-    return out
+        kept = [layers[n] if isinstance(layers[n], tuple) else (layers[n], None) for n in sorted(layers)]
+        routes.append(torch.stack([r for r, _ in kept], dim=1).long())
+        logits.append(None if any(lg is None for _, lg in kept) else torch.stack([lg for _, lg in kept], dim=1))
+    return routes, (None if any(lg is None for lg in logits) else logits)
+
+
+def _biased_routes(logits: list | None, routes: list, expert: int, raise_by: float, where: str) -> tuple[list, list]:
+    """A per-expert bias in the engine's router (:func:`reference_step`'s ``route_bias``): its routes and logits."""
+    if logits is None:
+        raise ValueError("route_bias needs the engine's router logits; this update kept routes only")
+    if where not in ("selection", "logits"):
+        raise ValueError(f"route_bias where={where!r}: 'selection' or 'logits'")
+    k = routes[0].shape[-1]
+    out_routes, out_logits = [], []
+    for lg in logits:
+        biased = lg.clone()
+        biased[..., expert] += raise_by
+        out_routes.append(torch.sort(biased.topk(k, dim=-1).indices, dim=-1).values)
+        out_logits.append(biased if where == "logits" else lg)
+    return out_routes, out_logits
+
+
+def not_top_k(logits: list, routes: list) -> tuple[int, int]:
+    """How many (token, layer) routes are not a top-k of the router logits they were chosen from (the smallest
+    chosen logit below the largest left out; exact, ties allowed), of how many."""
+    bad = total = 0
+    for lg, r in zip(logits, routes):
+        chosen = torch.zeros(lg.shape, dtype=torch.bool).scatter_(-1, r.long(), True)
+        low = lg.masked_fill(~chosen, float("inf")).min(-1).values
+        high = lg.masked_fill(chosen, float("-inf")).max(-1).values
+        bad += int((low < high).sum())
+        total += low.numel()
+    return bad, total
 
 
 # what the reference's loss needs of the run's settings where the run leaves them to verl's defaults
@@ -523,18 +564,24 @@ def planned_update(step: Path, part: dict, cache: dict | None = None) -> dict:
             "optimizer_failures": optimizer_failures(expected, engine, lr, part["lr"])}
 
 
-def near_ties(fp32: dict, bf16: dict) -> dict:
-    """How close to a tie each (token, layer) is whose forced routes are not the fp32 router's own choice.
+def near_ties(fp32: dict, *bf16: dict) -> dict:
+    """How close to a tie each (token, layer) is whose forced routes are not the fp32 router's own choice, and how
+    far the engine's router logits are from the fp32 router's.
     ``gap``: what the router's logits would have to move by for the forced experts to be its top-k, the largest
     logit among its own choices left out less the smallest among the forced experts it did not choose (> 0);
     ``shift``: how far bf16 rounding moved that token's router logits, the largest difference over the experts
-    between the bf16 model's logits (the same inputs and routes, :func:`reference`'s second pass) and the fp32
-    model's. ``routes_tie_ratio_max`` is the largest gap / shift: a route that bf16 rounding can flip has a ratio of a
-    few (each of the two logits moved by about the shift); a route chosen by anything else (a biased router, another
-    expert's index) is not a near-tie and has a large one. ``routes_within_rounding``: how many of all the (token,
-    layer) routes have their own top-k within twice their shift of the next expert (the routes rounding of bf16's
-    size can flip: how many near-ties the batch holds), of ``routes_compared``."""
-    shifts = {key: (bf16["logits"][key] - l32).abs().max(-1).values for key, l32 in fp32["logits"].items()}
+    between a bf16 model's logits (the same inputs and routes: :func:`reference`'s bf16 passes, the largest over
+    those given) and the fp32 model's. ``routes_tie_ratio_max`` is the largest gap / shift: a route that bf16
+    rounding can flip has a ratio of a few (each of the two logits moved by about the shift); a route chosen by
+    anything else (a biased router, another expert's index) is not a near-tie and has a large one.
+    ``router_logit_offset_max`` (where the engine kept its router logits): per MoE layer and expert, the mean over the
+    batch's tokens of the engine's logit less the fp32 router's, over the mean shift of those tokens; the largest.
+    Rounding moves a token's logits both ways and averages out over the tokens; a per-expert bias moves one
+    expert's logit the same way at every token. ``routes_within_rounding``: how many of all the (token, layer)
+    routes have their own top-k within twice their shift of the next expert (the routes rounding of bf16's size can
+    flip: how many near-ties the batch holds), of ``routes_compared``."""
+    shifts = {key: torch.stack([(b["logits"][key] - l32).abs().max(-1).values for b in bf16]).max(0).values
+              for key, l32 in fp32["logits"].items()}
     ratios = []
     for key, (tokens, forced) in fp32["differ"].items():
         l32, shift = fp32["logits"][key][tokens], shifts[key][tokens]
@@ -550,22 +597,46 @@ def near_ties(fp32: dict, bf16: dict) -> dict:
             top = l32.topk(k + 1, dim=-1).values
             within += int((top[:, k - 1] - top[:, k] <= 2 * shifts[key]).sum())
             compared += l32.shape[0]
-    return {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0),
-            "routes_within_rounding": within, "routes_compared": compared}
+    out = {"routes_differing": len(ratios), "routes_tie_ratio_max": max(ratios, default=0.0),
+           "routes_within_rounding": within, "routes_compared": compared}
+    if "engine_logits" in fp32:
+        moved, shifted = {}, {}  # per layer: the engine's logits less the fp32 router's, the tokens' shifts
+        for (_, layer), e in fp32["engine_logits"].items():
+            moved.setdefault(layer, []).append(e - fp32["logits"][(_, layer)])
+            shifted.setdefault(layer, []).append(shifts[(_, layer)])
+        out["router_logit_offset_max"] = max(
+            (float(torch.cat(moved[n]).mean(0).abs().max() / torch.cat(shifted[n]).mean().clamp(min=1e-12))
+             for n in moved), default=0.0)
+    return out
 
 
-def route_bias_sweep(folder: Path, raises=(0.01, 0.02, 0.05, 0.1, 0.2), expert: int = 0) -> list[dict]:
-    """The routing checks on one audited update whose forced routes are those of a router with ``expert``'s logit
-    raised by each of ``raises`` (:func:`reference_step`'s ``route_bias``, the mutation an engine router with a
-    per-expert bias makes): per raise, the share of routes moved and the near-tie figures (:func:`near_ties`)."""
+def rounding_routings(folder: Path) -> list[dict]:
+    """The router logits of one audited update's bf16 passes as :func:`reference` runs them (the plain one and
+    :data:`ROUNDING_DRAWS` draws) on the engine's own routes: :func:`near_ties`'s measure of rounding."""
     settings = run_settings(folder.parent)
     out = []
+    for draw in (None, *range(ROUNDING_DRAWS)):
+        out.append({})
+        reference_step(folder, dtype=torch.bfloat16, settings=settings, routing=out[-1], rounding_draw=draw)
+    return out
+
+
+def route_bias_sweep(folder: Path, raises=(0.01, 0.02, 0.05, 0.1, 0.2), expert: int = 0,
+                     where: str = "selection", rounding: list[dict] | None = None) -> list[dict]:
+    """The routing checks on one audited update whose engine routes are those of a router with ``expert``'s logit
+    raised by each of ``raises`` (:func:`reference_step`'s ``route_bias``, the mutation an engine router with a
+    per-expert bias makes, at ``where``): per raise, the share of routes moved from the fp32 router's own, the engine
+    routes that are no top-k of its logits and the near-tie figures (:func:`near_ties`, rounding measured by
+    ``rounding``, else :func:`rounding_routings`)."""
+    settings = run_settings(folder.parent)
+    rounding = rounding or rounding_routings(folder)
+    out = []
     for raise_by in raises:
-        fp32, bf16 = {}, {}
-        r = reference_step(folder, settings=settings, routing=fp32, route_bias=(expert, raise_by))
-        reference_step(folder, dtype=torch.bfloat16, settings=settings, routing=bf16, route_bias=(expert, raise_by))
-        out.append({"step": folder.name, "raise": raise_by, "routes_moved": 1 - r["routes_native_agreement"],
-                    **near_ties(fp32, bf16)})
+        fp32 = {}
+        r = reference_step(folder, settings=settings, routing=fp32, route_bias=(expert, raise_by, where))
+        out.append({"step": folder.name, "raise": raise_by, "where": where,
+                    "routes_moved": 1 - r["routes_native_agreement"],
+                    "routes_not_engine_top_k": r["routes_not_engine_top_k"], **near_ties(fp32, *rounding)})
     return out
 
 
@@ -607,8 +678,6 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
             grads_bf16, routing_bf16 = {}, {}
             r16 = reference_step(f, dtype=torch.bfloat16, grads=grads_bf16, settings=settings,
                                  routing=routing_bf16, log_probs=lp16)
-            if r["forced_routes"]:
-                r.update(near_ties(routing, routing_bf16))
             r["reference_bf16_grad_norm"] = r16["reference_grad_norm"]
             r["reference_bf16_grad_diff"] = math.sqrt(sum(float(((g - grads_bf16[n]) ** 2).sum())
                                                           for n, g in grads.items()))
@@ -619,12 +688,16 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
             # rounding draws"); the largest is the yardstick (audit_verdict.part_bound)
             diffs = [part_norms({n: g - grads_bf16[n] for n, g in grads.items()})]
             lp_diffs = [float((lp16["new"] - lp["new"]).pow(2).mean().sqrt())]
+            routings = [routing_bf16]
             for draw in range(ROUNDING_DRAWS):
-                g_draw, lp_draw = {}, {}
+                g_draw, lp_draw, routings_draw = {}, {}, {}
                 reference_step(f, dtype=torch.bfloat16, grads=g_draw, settings=settings, log_probs=lp_draw,
-                               rounding_draw=draw)
+                               routing=routings_draw, rounding_draw=draw)
                 diffs.append(part_norms({n: g - g_draw[n] for n, g in grads.items()}))
                 lp_diffs.append(float((lp_draw["new"] - lp["new"]).pow(2).mean().sqrt()))
+                routings.append(routings_draw)
+            if r["forced_routes"]:
+                r.update(near_ties(routing, *routings))
             r["reference_bf16_part_grad_diffs"] = diffs
             r["reference_bf16_part_grad_diff"] = {p: max(d[p] for d in diffs) for p in diffs[0]}
             r["reference_bf16_logprob_rms_diffs"] = lp_diffs
@@ -686,7 +759,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     steps = [f for f in sorted(Path(a.audit_dir).glob("step-*")) if any(f.glob("rank*.pt"))]
     if a.route_bias:
-        print(json.dumps([r for f in steps for r in route_bias_sweep(f, a.route_bias)]))
+        print(json.dumps([r for f in steps for where in ("selection", "logits")
+                          for r in route_bias_sweep(f, a.route_bias, where=where)]))
         return 0
     if a.grad_parts:
         print(json.dumps([grad_parts(f) for f in steps]))

@@ -161,7 +161,8 @@ class RouteProbe:
     """Forward hooks on the routers: for each micro-batch whose expected routes are set, counts the
     (token, layer) pairs whose top-k set equals the expected one, from the routing map the router
     returned. While :meth:`keep` is on, each micro-batch's routes as the routers returned them in its forward
-    (not in a recomputation during the backward) are kept, and :meth:`kept_routes` gives them per sample."""
+    (not in a recomputation during the backward) are kept, with the logits the routers chose them from (their
+    ``gating``'s output), and :meth:`kept_routes` gives both per sample."""
 
     def __init__(self, chunks, tf):
         self.tf = tf
@@ -173,6 +174,15 @@ class RouteProbe:
         self._live: dict | None = None
         for number, router in self.routers:
             router.register_forward_hook(self._hook(number))
+            router.gating = self._keeping_logits(number, router.gating)
+
+    def _keeping_logits(self, number, gating):
+        def keeping(*args, **kwargs):
+            logits = gating(*args, **kwargs)
+            if self._live is not None:
+                self._live["logits"][number] = logits.detach().float().reshape(-1, logits.shape[-1]).cpu()
+            return logits
+        return keeping
 
     def expect(self, rows: torch.Tensor | None, count: torch.Tensor | None) -> None:
         """``rows``: this rank's expected routes ``[tokens_local, layers, top_k]``; ``count``: which rows count."""
@@ -185,7 +195,8 @@ class RouteProbe:
 
     def forward_begins(self, order: TokenOrder, input_ids) -> None:
         if self.kept is not None:
-            self._live = {"order": order, "ids": [tuple(t.tolist()) for t in input_ids.unbind()], "maps": {}}
+            self._live = {"order": order, "ids": [tuple(t.tolist()) for t in input_ids.unbind()], "maps": {},
+                          "logits": {}}
             self.kept.append(self._live)
 
     def forward_ends(self) -> None:
@@ -215,20 +226,25 @@ class RouteProbe:
         self.equal = self.total = 0
         return out
 
-    def kept_routes(self) -> dict[tuple, dict[int, torch.Tensor]]:
+    def kept_routes(self) -> dict[tuple, dict[int, tuple[torch.Tensor, torch.Tensor | None]]]:
         """The kept routes by sample (its token ids) and layer number: ``[tokens, top_k]`` expert indices, in
-        ascending order, of the layers this rank holds. Collective over the tensor-parallel group under sequence
-        parallelism (each rank routes its share of the sequence)."""
+        ascending order, of the layers this rank holds, each with the router's logits ``[tokens, experts]`` (float32;
+        None where the router's logits had other rows than its routing map). Collective over the tensor-parallel
+        group under sequence parallelism (each rank routes its share of the sequence)."""
         sp, k = bool(self.tf.sequence_parallel), int(self.tf.moe_router_topk)
-        out: dict[tuple, dict[int, torch.Tensor]] = {}
+        out: dict[tuple, dict[int, tuple]] = {}
         for entry in self.kept or ():
             for number, routing_map in sorted(entry["maps"].items()):
                 if bool((routing_map.sum(-1) != k).any()):  # token dropping (a capacity factor) routes fewer
                     raise RuntimeError(f"layer {number}: a token not routed to top_k={k} experts; routes are kept "
                                        "without token dropping only")
                 rows = torch.sort(routing_map.to(torch.int8).topk(k, dim=-1).indices, dim=-1).values
-                for ids, routes in zip(entry["ids"], entry["order"].unlocal(rows.to(torch.int32), sp).unbind()):
-                    out.setdefault(ids, {})[number] = routes
+                routes = entry["order"].unlocal(rows.to(torch.int32), sp).unbind()
+                logits = entry["logits"].get(number)
+                logits = [None] * len(routes) if logits is None or logits.shape != routing_map.shape else \
+                    entry["order"].unlocal(logits, sp).unbind()
+                for ids, r, lg in zip(entry["ids"], routes, logits):
+                    out.setdefault(ids, {})[number] = (r, lg)
         return out
 
 
