@@ -122,9 +122,15 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     engine_routes = None
     if probe is not None:
         probe.keep(True)
+    update_log_probs: dict = {}  # the update's own forward, by sample (the last pipeline stage computes them)
+
+    def loss_keeping_log_probs(*args, **kwargs):
+        keep_log_probs(update_log_probs, kwargs["model_output"], kwargs["data"])
+        return loss_function(*args, **kwargs)
+
     try:
         with read_parts:
-            out = train_batch(data, loss_function)
+            out = train_batch(data, loss_keeping_log_probs)
         if probe is not None:
             engine_routes = probe.kept_routes()
     finally:
@@ -142,8 +148,19 @@ def audited_train_batch(engine, train_batch, data, loss_function):
     torch.save({"batch": batch, "dp_rank": ps.get_data_parallel_rank(), "grad_norm": None if grad_norm is None else float(grad_norm),
                 "loss": _update_loss(engine, out), "lr": lrs[0] if lrs else None, "lrs": lrs,
                 "optimizer": optimizer_settings(optimizer), "router_grad_norms": routers, "part_grad_norms": parts,
-                "engine_routes": engine_routes}, folder / f"rank{rank:03d}.pt")
+                "engine_routes": engine_routes, "update_log_probs": update_log_probs}, folder / f"rank{rank:03d}.pt")
     return out
+
+
+def keep_log_probs(kept: dict, model_output, data) -> None:
+    """The log-probs of each sample's response tokens as the update's forward computed them (what verl's loss takes,
+    ``verl/workers/utils/losses.py``'s ``no_padding_2_padding``), by the sample's token ids, into ``kept``."""
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    log_probs = no_padding_2_padding(model_output["log_probs"], data).detach().float().cpu()
+    lens = data["responses"].offsets().diff().tolist()
+    for i, (ids, n) in enumerate(zip(data["input_ids"].unbind(), lens)):
+        kept[tuple(ids.tolist())] = log_probs[i, :n].clone()
 
 
 def optimizer_settings(optimizer) -> dict:

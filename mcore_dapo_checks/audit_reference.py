@@ -180,17 +180,37 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
             routing["engine_logits"] = {(i, layer): engine_logits[i][:l32.shape[0], layer]
                                         for (i, layer), l32 in forced.logits.items()}
     valid = mask > 0
-    # the engine's old log-probs were computed from the same weights the update starts from (one mini-batch:
-    # verl's compute_log_prob before the update), on its routes: per token, the fp32 reference's log-probs of
-    # the same tokens, with the routes the rollout returned forced on it, are within bf16 rounding of them. That
-    # rounding is relative: a token of log-prob -11.5 (logits of size ~10, where bf16's spacing is 1/16) came out
-    # 0.040 off, near-certain tokens at most 0.028; the scaled difference |ref - engine| / (1 + |engine|) bounds both
-    gap = (new.detach() - old).abs()
-    checks = {"logprob_max_abs_diff": float(gap[valid].max()),
-              "logprob_max_scaled_diff": float((gap / (1 + old.abs()))[valid].max()),
+    bypass = bool(settings.get("bypass_mode"))
+    # the engine's log-probs of the update's own forward (the audit keeps them where verl's loss takes them) and,
+    # where verl recomputed the old policy, its old log-probs: both from the weights the update starts from (one
+    # mini-batch), on its routes. Per token, the fp32 reference's log-probs of the same tokens, with the same routes
+    # forced on it, are within bf16 rounding of them. That rounding is relative: a token of log-prob -11.5 (logits
+    # of size ~10, where bf16's spacing is 1/16) came out 0.040 off, near-certain tokens at most 0.028; the scaled
+    # difference |ref - engine| / (1 + |engine|) bounds both. In bypass mode the old log-probs are the rollout's
+    # (verl copies them: checked exact below), of the weights that generated the samples, no engine's
+    update = _update_log_probs(folder, parts, seqs, mask)
+    engine_lps = [lp for lp in (update, None if bypass else old) if lp is not None]
+    if not engine_lps:
+        raise ValueError(f"{folder.name}: bypass mode and the audit kept no log-probs of the update's forward")
+    gaps = [(new.detach() - lp).abs() for lp in engine_lps]
+    checks = {"logprob_max_abs_diff": max(float(g[valid].max()) for g in gaps),
+              "logprob_max_scaled_diff": max(float((g / (1 + lp.abs()))[valid].max())
+                                             for g, lp in zip(gaps, engine_lps)),
               # how far the engine's rounding moved its log-probs from this model's, over the batch (with the bf16
               # model's the same, reference(): the engine's rounding against the bf16 recomputation's)
-              "logprob_rms_diff": float(gap[valid].pow(2).mean().sqrt())}
+              "logprob_rms_diff": max(float(g[valid].pow(2).mean().sqrt()) for g in gaps),
+              "logprobs_of": [k for k, lp in (("update", update), ("old", None if bypass else old)) if lp is not None]}
+    rollout = _padded(cols["rollout_log_probs"]) if cols["rollout_log_probs"] else None
+    if bypass:
+        # verl 0.9.1's bypass (verl/trainer/ppo/v1/trainer_base.py, _compute_old_log_prob): old_log_probs is the
+        # rollout's log-probs, copied
+        checks["old_vs_rollout_max_abs_diff"] = None if rollout is None else float((old - rollout).abs()[valid].max())
+    if rollout is not None:
+        # the rollout's own log-probs against this model's at the update's weights, scaled as above: within rounding
+        # where the samples are of those weights (a rollout holding other weights is off by tenths); of an older
+        # policy's otherwise. ``rollout_log_prob_shift`` moves them (a mutation)
+        moved = rollout + rollout_log_prob_shift
+        checks["rollout_logprob_max_scaled_diff"] = float(((new.detach() - moved).abs() / (1 + moved.abs()))[valid].max())
     if log_probs is not None:
         log_probs["new"] = new.detach()[valid]
     weights = _padded(cols["rollout_is_weights"]) if cols["rollout_is_weights"] else None
@@ -199,7 +219,7 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
         # pi_old and the rollout's own log-probs, the inputs verl had (checked: the engine's pi_old against the
         # reference's above), it is the weight verl applied up to float rounding; from the reference's pi_old, within
         # bf16's rounding of it (reported)
-        rollout_lp = _padded(cols["rollout_log_probs"]) + rollout_log_prob_shift
+        rollout_lp = rollout + rollout_log_prob_shift
         threshold = float(settings["rollout_is_threshold"])
         ours = torch.exp(new.detach() - rollout_lp).clamp(max=threshold)
         from_engine = torch.exp(old - rollout_lp).clamp(max=threshold)
@@ -239,10 +259,10 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     loss, kl = token_mean_loss(slice(None), new)
     if kl is not None:
         checks["reference_kl_loss"] = float(kl.detach())
-    # the same loss on the engine's own old log-probs (the ratio 1 wherever the update's forward repeats the
-    # old-log-prob pass): the aggregation (token-mean denominator, weights, advantages, KL) apart from the reference's
-    # rounding
-    checks["loss_at_engine_log_probs"] = float(token_mean_loss(slice(None), old)[0])
+    # the same loss on the engine's own log-probs of the update's forward (audits without them: its old log-probs,
+    # the ratio 1 wherever the update's forward repeats the old-log-prob pass): the aggregation (token-mean
+    # denominator, weights, advantages, KL) apart from the reference's rounding
+    checks["loss_at_engine_log_probs"] = float(token_mean_loss(slice(None), old if update is None else update)[0])
     loss.backward()
     if grads is not None:  # the reference's gradients, by the HF model's parameter names
         grads.update({n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None})
@@ -305,6 +325,24 @@ def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) ->
     return routes, (None if any(lg is None for lg in logits) else logits)
 
 
+def _update_log_probs(folder: Path, parts: list[dict], seqs: list[torch.Tensor], mask: torch.Tensor):
+    """The log-probs of the update's own forward (:func:`mcore_dapo_checks.audit.keep_log_probs`, by sample), laid
+    out as the batch's old log-probs; None for audits that kept none."""
+    kept: dict[tuple, torch.Tensor] = {}
+    for p in parts:
+        kept.update(p.get("update_log_probs") or {})
+    if not kept:
+        return None
+    out = torch.zeros_like(mask, dtype=torch.float32)
+    for i, s in enumerate(seqs):
+        lp = kept.get(tuple(s.tolist()))
+        if lp is None:
+            raise ValueError(f"{folder.name}: the update's forward kept no log-probs for a sequence of the batch")
+        r = int(mask[i].sum())
+        out[i, :r] = lp[:r]
+    return out
+
+
 def _biased_routes(logits: list | None, routes: list, expert: int, raise_by: float, where: str) -> tuple[list, list]:
     """A per-expert bias in the engine's router (:func:`reference_step`'s ``route_bias``): its routes and logits."""
     if logits is None:
@@ -336,8 +374,9 @@ def not_top_k(logits: list, routes: list) -> tuple[int, int]:
 
 # what the reference's loss needs of the run's settings where the run leaves them to verl's defaults
 # (verl/trainer/config/actor/actor.yaml: use_kl_loss false, kl_loss_type low_var_kl;
-# verl/trainer/config/algorithm/rollout_correction.yaml: rollout_is_threshold 2.0)
-LOSS_DEFAULTS = {"use_kl_loss": False, "kl_loss_coef": 0.0, "kl_loss_type": "low_var_kl", "rollout_is_threshold": 2.0}
+# verl/trainer/config/algorithm/rollout_correction.yaml: rollout_is_threshold 2.0, bypass_mode false)
+LOSS_DEFAULTS = {"use_kl_loss": False, "kl_loss_coef": 0.0, "kl_loss_type": "low_var_kl", "rollout_is_threshold": 2.0,
+                 "bypass_mode": False}
 
 
 def _by_layer(norms: dict) -> list[float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 #   measured <= 8.6e-4 in the synchronous runs, <= 1.2e-3 over the 8 updates of both asynchronous runs, and
 #   2.3e-3 at one update of a later separate_async run: 5e-3. The aggregation itself is checked
 #   apart and sharply: the engine's loss against verl's loss formula over the whole batch on the engine's own
-#   log-probs (the ratio 1, no rounding of the reference's in between): measured at most 2.2e-8 over 16 updates of
+#   log-probs of the update's forward (no rounding of the reference's in between): measured at most 2.2e-8 over 16 updates of
 #   four runs (float32 sums in another order): 1e-5; a mis-scaled token-mean (per-rank tokens, a DP factor) is
 #   off by the loss's whole size, 1e-3 to 6e-2 here.
 # - weights after the update: Adam's first steps move each element by ~lr whatever the gradient's size, so a
@@ -29,8 +29,9 @@ LOSS_ABS, BEYOND_PER_UPDATE, HALF_SPACING = 5e-3, 0.1, 4e-3
 LOSS_AGGREGATION_ABS = 1e-5
 
 # The audit's tolerances beyond those above, argued from the first measurements (2-core CPU):
-# - per-token log-probs: the fp32 HF reference with the rollout's routes forced (R3) or its own routing, at the
-#   weights the update starts from, against the engine's old log-probs (bf16 Megatron, the same weights, its
+# - per-token log-probs: the fp32 HF reference with the rollout's routes forced (R3) or the engine's, at the
+#   weights the update starts from, against the engine's log-probs of the update's forward and, where verl
+#   recomputed the old policy (not in bypass mode), its old log-probs (bf16 Megatron, the same weights, its
 #   routes replayed): bf16's rounding of the logits over 8 MoE layers, relative to their size, so the check takes
 #   |ref - engine| / (1 + |engine|) per token: near-certain tokens measured at most 2.8e-2 off, a token of
 #   log-prob -11.5 0.040 off (scaled 1.4e-2, the largest scaled over 16 updates of four runs) -- 5e-2. A token
@@ -171,6 +172,8 @@ def update_misses(a: dict, lr_sum: float, updates: int) -> list[str]:
         miss.append("log-probs")
     if a.get("is_weights_vs_engine_max_abs_diff", 0.0) >= IS_WEIGHT_ABS:
         miss.append("importance weights")
+    if "old_vs_rollout_max_abs_diff" in a and a["old_vs_rollout_max_abs_diff"] != 0.0:
+        miss.append("bypass: old log-probs not the rollout's")
     if "weights_beyond_one_step" in a:
         if a["weights_beyond_one_step"] > BEYOND_PER_UPDATE * updates or \
                 a["weights_max_abs_diff"] >= 2.5 * lr_sum + HALF_SPACING:

@@ -43,9 +43,12 @@ def trainer_run() -> dict:
     """The settings of the uninterrupted, the killed and the resumed run (:func:`tiny_dapo.run`'s arguments)."""
     from mcore_dapo import megatron_compat
 
-    # R3 where Megatron has routing replay (0.16 on); the same run without replay options on the 0.12.1 line
+    # R3 where Megatron has routing replay (0.16 on), with the old-log-prob pass skipped (ROLLOUT_CORRECTION=bypass:
+    # the rollout's log-probs are the old policy, argued for where the routes are the rollout's); the same run
+    # without replay options and with the scripts' default correction on the 0.12.1 line
     replay = "R3" if megatron_compat.supports_routing_replay() else None
-    return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT, "trainer_mode": TRAINER_MODE}
+    return {"steps": STEPS, "audit": True, "router_replay": replay, "layout": LAYOUT, "trainer_mode": TRAINER_MODE,
+            "rollout_correction": "bypass" if replay else None}
 
 
 def started(audit_dir: Path, step: int, tracker: Path | None = None):

@@ -79,17 +79,20 @@ SIZES, COUNTS, ROLLOUT_CPU, PACKING = "size", "device and process counts", "roll
 TOKEN_BUDGET = 2 * (MAX_PROMPT + MAX_RESPONSE)  # a data-parallel rank's 8 sequences split into ~4 micro-batches
 
 
-def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = "sync", gen_ep: int = 1) -> dict:
+def script_env(files: dict, workdir: Path, gen_tp: int = 1, trainer_mode: str = "sync", gen_ep: int = 1,
+               rollout_correction: str | None = None) -> dict:
     """The variables a device script sets before sourcing common.sh, for the CPU run (``gen_tp``: the
     rollout's tensor-parallel size, the scripts' GEN_TP=2 where the rollout runs it on the CPU; ``gen_ep``: its
     expert-parallel size, GEN_EP; ``trainer_mode``:
     the scripts' ASYNC, with separate_async's rollout on a node of its own, ROLLOUT_SLOTS slots, and the CPU
-    adapter's checkpoint engine)."""
+    adapter's checkpoint engine; ``rollout_correction``: the scripts' ROLLOUT_CORRECTION, None for their default)."""
     env = {"NNODES": "1", "DEVICE": "cpu", "MODEL_PATH": str(files["model"]), "CKPTS_DIR": str(workdir / "checkpoints"),
            "TRAIN_FILE": str(files["train"]), "TEST_FILE": str(files["val"]), "GEN_TP": str(gen_tp),
            "GEN_EP": str(gen_ep), "INFER_MAX_TOKENS": str(TOKEN_BUDGET), "ENFORCE_EAGER": "True",
            # the guide's console logger, and verl's file logger for the metrics this harness reads
            "LOGGER": '["console","file"]', "ASYNC": TRAINER_MODES[trainer_mode]}
+    if rollout_correction is not None:
+        env["ROLLOUT_CORRECTION"] = rollout_correction
     if trainer_mode == "separate_async":
         from mcore_dapo.devices import get_adapter
 
@@ -231,11 +234,12 @@ def check_trainer_mode(trainer_mode: str) -> None:
 
 def overrides(files: dict, workdir: Path, steps: int, lr: float = 1e-3, rollout: str = "hf_cpu",
               router_replay: str | None = None, layout: str = "ep2", gen_tp: int = 1,
-              trainer_mode: str = "sync", gen_ep: int = 1) -> list[str]:
+              trainer_mode: str = "sync", gen_ep: int = 1, rollout_correction: str | None = None) -> list[str]:
     """configs/dapo/common.sh's overrides, with :func:`cpu_changes` (and nothing else) changed or added."""
     mode = router_replay if router_replay in ("R2", "R3") else None
     check_trainer_mode(trainer_mode)
-    args = script_args(script_env(files, workdir, gen_tp, trainer_mode, gen_ep), layout_args(layout), mode)
+    args = script_args(script_env(files, workdir, gen_tp, trainer_mode, gen_ep, rollout_correction),
+                       layout_args(layout), mode)
     changes = cpu_changes(files, workdir, steps, lr, rollout, layout, trainer_mode)
     out, seen = [], set()
     for arg in args:
@@ -259,7 +263,8 @@ UNDECLARED = {"ray_kwargs.ray_init.num_gpus", "ray_kwargs.ray_init.include_dashb
 # the settings of the run's Hydra overrides that the audit's reference loss needs, by verl key
 LOSS_KEYS = {"use_kl_loss": "actor_rollout_ref.actor.use_kl_loss", "kl_loss_coef": "actor_rollout_ref.actor.kl_loss_coef",
              "kl_loss_type": "actor_rollout_ref.actor.kl_loss_type",
-             "rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold"}
+             "rollout_is_threshold": "algorithm.rollout_correction.rollout_is_threshold",
+             "bypass_mode": "algorithm.rollout_correction.bypass_mode"}
 
 
 def loss_settings(args: list[str]) -> dict:
@@ -284,14 +289,14 @@ def read_metrics(path: Path) -> list[dict]:
 def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool = False,
         rollout: str = "hf_cpu", router_replay: str | None = None, rollout_dtype: str | None = None,
         extra: tuple[str, ...] = (), teach_p: float | None = None, layout: str = "ep2", gen_tp: int = 1,
-        kill_when=None, trainer_mode: str = "sync", gen_ep: int = 1) -> dict:
+        kill_when=None, trainer_mode: str = "sync", gen_ep: int = 1, rollout_correction: str | None = None) -> dict:
     """``audit``: every update is recomputed afterwards on the HF model from the engine's weights of
     that step (:mod:`mcore_dapo_checks.audit`); the result gets, per step, the engine's and the
     reference's loss and gradient norm, the learning rate and the weights after the update compared.
     ``extra``: Hydra overrides after the scripts' (a variant of their settings, such as KL on); ``teach_p``:
     the taught model's share of right answers (:func:`mcore_dapo_checks.math_task.prepare`); ``layout``: one of
     :data:`LAYOUT_CLASSES` (a device script's layout at tiny size); ``gen_tp``, ``gen_ep``: the rollout's tensor- and
-    expert-parallel sizes;
+    expert-parallel sizes; ``rollout_correction``: the scripts' ROLLOUT_CORRECTION (None: their default);
     ``kill_when``: every process of the trainer is SIGKILLed once it returns True (:func:`run_session`)."""
     import shutil
 
@@ -317,7 +322,8 @@ def run(workdir: Path, steps: int, timeout: float, lr: float = 1e-3, audit: bool
     more = replay_overrides(router_replay, rollout_dtype, rollout)
     cmd = [sys.executable, "-m", "mcore_dapo.verl_plugin.main_dapo",
            *overrides(files, workdir, steps, lr=lr, rollout=rollout, router_replay=router_replay, layout=layout,
-                      gen_tp=gen_tp, trainer_mode=trainer_mode, gen_ep=gen_ep), *more, *extra]
+                      gen_tp=gen_tp, trainer_mode=trainer_mode, gen_ep=gen_ep, rollout_correction=rollout_correction),
+           *more, *extra]
     if audit:
         from mcore_dapo_checks.audit import audit_env
 

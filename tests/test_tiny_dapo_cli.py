@@ -25,6 +25,7 @@ from mcore_dapo.cli.main import run
      "at most the trainer's 2 or 4 ranks)"),
     (["--gen-tp", "2", "--gen-ep", "4"], "--gen-ep=4 is not accepted: 1 or --gen-tp's 2 (vLLM's expert parallelism "
      "spans a replica's tensor-parallel ranks)"),
+    (["--rollout-correction", "token"], "--rollout-correction='token' is not accepted: off, decoupled or bypass"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, line):
     assert run(["tiny-dapo", "--workdir", str(tmp_path), *args]) == 2

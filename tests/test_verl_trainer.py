@@ -131,10 +131,26 @@ PROBS_DIFF_MAX, PROBS_DIFF_MAX_NATIVE_ROUTING = 2e-2, 0.1
 
 def test_rollout_holds_the_trained_weights_every_step(tiny_run):
     from mcore_dapo import megatron_compat
+    from mcore_dapo_checks import resume
 
-    steps, *_ = tiny_run
+    steps, _, audit, work = tiny_run
     fresh = [m for m in steps if m.get("training/off_policy/trajectory_staleness_worst/max", 0) == 0]
     assert fresh, "no step trained on samples of its own weights only"
+    if resume.trainer_run()["rollout_correction"] == "bypass":
+        # the old-log-prob pass, and verl's rollout-vs-actor figures with it, are skipped: the rollout's log-probs
+        # against the fp32 reference's at the update's weights, at each step whose samples are all of those weights,
+        # within the engine's per-token bound (the rollout, bf16 too, rounds as the engine does)
+        from mcore_dapo_checks.audit_reference import reference_step
+
+        assert len(audit) == len(steps)
+        for m, a in zip(steps, audit):
+            if m in fresh:
+                assert a["rollout_logprob_max_scaled_diff"] < LOGPROB_TOL, (m["training/global_step"], a)
+        # the check can fail: the rollout's log-probs moved by 0.1 (a rollout a sync behind), at a fresh step
+        folder = sorted((Path(work) / "audit").glob("step-*"))[steps.index(fresh[-1]) - len(steps)]
+        moved = reference_step(folder, rollout_log_prob_shift=0.1)
+        assert moved["rollout_logprob_max_scaled_diff"] > LOGPROB_TOL, moved
+        return
     for m in steps:
         assert m["training/rollout_probs_diff_valid"] == 1.0
         assert m["training/rollout_actor_probs_pearson_corr"] > (0.999 if m in fresh else 0.99), m
@@ -158,9 +174,11 @@ def test_every_update_matches_the_hf_reference(tiny_run):
     # forced to the routes the update replayed): verl's micro-batching and loss scaling, Megatron's
     # schedules, EP all-to-all, DDP over two data-parallel ranks, the distributed optimizer sharded over them, the
     # rollout correction's importance weights and bf16 agree; the optimizer step is chained on the reference
+    from mcore_dapo_checks import resume
+
     steps, _, audit, _ = tiny_run
     assert len(audit) == STEPS
-    check_audit(audit)
+    check_audit(audit, bypass=resume.trainer_run()["rollout_correction"] == "bypass")
 
 
 def test_routes_replayed_to_other_experts_fail_the_per_token_check(tiny_run):
@@ -225,11 +243,17 @@ def check_parts(audit) -> None:
                                  for p in scale}) for a in audit])
 
 
-def check_audit(audit):
+def check_audit(audit, bypass: bool = False):
     # every update by mcore_dapo_checks.audit_verdict (the tolerances are argued there): the optimizer settings the
     # launch configured, the loss's aggregation and its value, the routes forced (those the fp32 router would not
-    # choose near-ties), each part's gradient, the per-token log-probs, the importance weights, the weights after the update
-    assert all("is_weights_vs_engine_max_abs_diff" in a and "weights_beyond_one_step" in a for a in audit), audit
+    # choose near-ties), each part's gradient, the per-token log-probs, the importance weights (in bypass mode, none:
+    # the old log-probs the rollout's, exactly), the weights after the update
+    assert all("weights_beyond_one_step" in a and a["logprobs_of"][0] == "update" for a in audit), audit
+    if bypass:
+        assert all(a["old_vs_rollout_max_abs_diff"] == 0.0 and "is_weights_max_abs_diff" not in a for a in audit), audit
+    else:
+        assert all("is_weights_vs_engine_max_abs_diff" in a and a["logprobs_of"] == ["update", "old"]
+                   for a in audit), audit
     assert verdicts(audit) == [[] for _ in audit], [(a["step"], m) for a, m in zip(audit, verdicts(audit))]
     # the aggregation check can fail: some update rejects the engine's loss doubled (off by its whole size)
     assert any(abs(2 * a["engine_loss"] - a["loss_at_engine_log_probs"]) >= LOSS_AGGREGATION_ABS for a in audit), \
@@ -256,10 +280,6 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
     assert main(["metrics", str(work / "train.log"), "--world-size", "4"]) == 0
     out = capsys.readouterr().out
     assert "actor/routing/rollout_agreement" in out and "route agr" in out
-    # verl's rollout-vs-trainer mismatch (decoupled rollout correction, the scripts' asynchronous modes) per step
-    head = out.splitlines()[next(i for i, line in enumerate(out.splitlines()) if "route agr" in line)].split()
-    assert "mismatch" in head and "ppl" in head
-    assert all(m["rollout_corr/kl"] is not None for m in steps)
 
 
 def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
@@ -305,6 +325,19 @@ def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
     for step in (2, 4):
         actor = ckpts / f"global_step_{step}" / "actor"
         assert all(any((actor / part).iterdir()) for part in ("model", "optimizer", "extra")), step
+
+
+def test_the_rollout_mismatch_is_reported_per_step(vllm_run, capsys):
+    # verl's rollout-vs-trainer mismatch (the decoupled rollout correction, the scripts' default in the asynchronous
+    # modes) at every step, and `mcore-dapo metrics` shows it
+    from mcore_dapo.cli.main import main
+
+    steps, _, work, _ = vllm_run
+    assert all(m["rollout_corr/kl"] is not None for m in steps)
+    assert main(["metrics", str(Path(work) / "train.log"), "--world-size", "4"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next((line.split() for line in lines if "mismatch" in line), None)
+    assert head and "ppl" in head, lines
 
 
 def test_kl_loss_runs_against_the_reference_engine(vllm_run):

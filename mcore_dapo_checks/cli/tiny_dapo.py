@@ -38,6 +38,9 @@ def add_commands(sub) -> None:
     p.add_argument("--trainer-mode", default="sync", help="sync | colocate_async | separate_async (verl's "
                    "trainer.v1.trainer_mode: generation overlapped with training; separate_async runs the rollout "
                    "in its own process, weights through the gloo checkpoint engine)")
+    p.add_argument("--rollout-correction", default=None, help="off | decoupled | bypass (the scripts' "
+                   "ROLLOUT_CORRECTION; default theirs: decoupled in the asynchronous modes, else off; bypass takes the "
+                   "rollout's log-probs as the old policy and skips the old-log-prob pass)")
     p.add_argument("--lr", type=float, default=1e-3, help="the actor's learning rate (default 1e-3)")
     p.add_argument("--teach-p", type=float, default=None,
                    help="the taught model's share of right answers (default 0.5: the answer form, not the rule)")
@@ -85,6 +88,8 @@ def _validated(a) -> None:
     from mcore_dapo_checks.tiny_dapo import check_trainer_mode, replay_overrides
 
     check_trainer_mode(a.trainer_mode)
+    if a.rollout_correction not in (None, "off", "decoupled", "bypass"):
+        raise accepted("--rollout-correction", a.rollout_correction, "off, decoupled or bypass")
 
     if a.rollout_dtype not in (None, "bfloat16", "float32"):
         raise accepted("--rollout-dtype", a.rollout_dtype, "bfloat16 or float32")
@@ -158,7 +163,8 @@ def tiny_dapo(a) -> int:
               "(resume_mode=auto, as the launch scripts)", flush=True)
     r = run(Path(a.workdir).absolute(), a.steps, a.timeout, lr=a.lr, audit=a.audit, rollout=a.rollout,
             router_replay=a.router_replay, rollout_dtype=a.rollout_dtype, extra=tuple(a.overrides),
-            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, gen_ep=a.gen_ep, trainer_mode=a.trainer_mode)
+            teach_p=a.teach_p, layout=a.layout, gen_tp=a.gen_tp, gen_ep=a.gen_ep, trainer_mode=a.trainer_mode,
+            rollout_correction=a.rollout_correction)
     summary, ok = report(r, a.steps, start)
     steps = summary["steps"]
     out = {"rollout": a.rollout, "trainer_mode": a.trainer_mode, "layout": a.layout, "gen_tp": a.gen_tp,
