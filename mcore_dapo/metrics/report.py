@@ -8,6 +8,7 @@ COLUMNS = (
     ("e2e_tps", "e2e_tps", ".2f"), ("update_tps", "update_tps", ".2f"), ("vllm_tps", "vllm_tps", ".2f"),
     ("reward", "critic/rewards/mean", ".3f"), ("resp len", "response_length/mean", ".0f"),
     ("route agr", "actor/routing/rollout_agreement", ".4f"),  # rollout vs training top-k sets (MoE)
+    ("replay agr", "actor/routing/replay_agreement", ".4f"),  # the update's against the routes it replays (R2, R3)
     # the rollout against the trainer's old policy (verl's rollout correction, decoupled mode: rollout_corr_helper.py):
     # KL(rollout || old) and |log PPL(old) - log PPL(rollout)| over the batch; what an FP8 rollout or a broken sync
     # moves first (bypass mode skips the pass that computes them)
