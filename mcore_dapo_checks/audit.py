@@ -158,9 +158,12 @@ def keep_log_probs(kept: dict, model_output, data) -> None:
     from verl.workers.utils.padding import no_padding_2_padding
 
     log_probs = no_padding_2_padding(model_output["log_probs"], data).detach().float().cpu()
-    lens = data["responses"].offsets().diff().tolist()
-    for i, (ids, n) in enumerate(zip(data["input_ids"].unbind(), lens)):
-        kept[tuple(ids.tolist())] = log_probs[i, :n].clone()
+    if data["prompts"].is_nested:  # the response lengths as no_padding_2_padding reads them
+        lens = data["responses"].offsets().diff().tolist()
+    else:
+        lens = data["attention_mask"][:, data["prompts"].shape[1]:].sum(-1).tolist()
+    for i, (ids, n) in enumerate(zip(_pieces(data["input_ids"]), lens)):
+        kept[tuple(ids.tolist())] = log_probs[i, :int(n)].clone()
 
 
 def optimizer_settings(optimizer) -> dict:
