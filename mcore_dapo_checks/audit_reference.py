@@ -196,9 +196,10 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     checks = {"logprob_max_abs_diff": max(float(g[valid].max()) for g in gaps),
               "logprob_max_scaled_diff": max(float((g / (1 + lp.abs()))[valid].max())
                                              for g, lp in zip(gaps, engine_lps)),
-              # how far the engine's rounding moved its log-probs from this model's, over the batch (with the bf16
+              # how far the engine's rounding moved the log-probs of the forward its gradient came from (the
+              # update's; audits without it: the old-log-prob pass) from this model's, over the batch (with the bf16
               # model's the same, reference(): the engine's rounding against the bf16 recomputation's)
-              "logprob_rms_diff": max(float(g[valid].pow(2).mean().sqrt()) for g in gaps),
+              "logprob_rms_diff": float(gaps[0][valid].pow(2).mean().sqrt()),
               "logprobs_of": [k for k, lp in (("update", update), ("old", None if bypass else old)) if lp is not None]}
     rollout = _padded(cols["rollout_log_probs"]) if cols["rollout_log_probs"] else None
     if bypass:
@@ -640,9 +641,9 @@ def near_ties(fp32: dict, *bf16: dict) -> dict:
            "routes_within_rounding": within, "routes_compared": compared}
     if "engine_logits" in fp32:
         moved, shifted = {}, {}  # per layer: the engine's logits less the fp32 router's, the tokens' shifts
-        for (_, layer), e in fp32["engine_logits"].items():
-            moved.setdefault(layer, []).append(e - fp32["logits"][(_, layer)])
-            shifted.setdefault(layer, []).append(shifts[(_, layer)])
+        for (seq, layer), e in fp32["engine_logits"].items():
+            moved.setdefault(layer, []).append(e - fp32["logits"][(seq, layer)])
+            shifted.setdefault(layer, []).append(shifts[(seq, layer)])
         out["router_logit_offset_max"] = max(
             (float(torch.cat(moved[n]).mean(0).abs().max() / torch.cat(shifted[n]).mean().clamp(min=1e-12))
              for n in moved), default=0.0)

@@ -70,8 +70,8 @@ LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
 #   reference for a bf16 engine: a token whose router scores tie within the engine's rounding takes other experts.
 #   Forced, each (token, layer) whose forced experts are not the fp32 router's own choice must be a near-tie by the
 #   reference's own logits: the logit gap the choice would need (the largest left-out own choice less the smallest
-#   forced newcomer) at most NEAR_TIE_RATIO times how far bf16 rounding moved that token's router logits (the bf16
-#   recomputation of the same update, audit_reference.near_ties): each of the two logits may move by BF16_SPREAD times
+#   forced newcomer) at most NEAR_TIE_RATIO times how far bf16 rounding moved that token's router logits (the largest
+#   of the update's five bf16 draws, audit_reference.near_ties): each of the two logits may move by BF16_SPREAD times
 #   that shift in the engine, as its gradients do (above). A router with a per-expert bias, or routes of other experts,
 #   is not near any tie. How many routes differ is not held to a share: that is the batch's, how many of its routes
 #   lie within rounding's reach. One Ascend-line trainer run (`python -m
