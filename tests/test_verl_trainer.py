@@ -270,7 +270,8 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
     if not megatron_compat.supports_routing_replay():
         pytest.skip("this megatron-core has no routing replay (from 0.16.0): the run trained without it")
     # the rollout's routed experts reach the engine through the agent loop and TransferQueue: the
-    # routers' top-k sets equal them for every (token, layer), in the old-log-prob pass and the update
+    # routers' top-k sets equal them for every (token, layer), in the update and in the old-log-prob pass where verl
+    # runs it
     from mcore_dapo_checks import resume
 
     steps, _, audit, work = tiny_run
