@@ -92,8 +92,8 @@ LOGPROB_TOL, IS_WEIGHT_ABS, BF16_SPREAD = 5e-2, 1e-5, 3.0
 #   logits the engine's router chose it from (exact, ties allowed): a bias, mask or other index where the experts are
 #   picked fails it. And per MoE layer and expert, the mean over the batch's tokens of the engine's logit less the fp32
 #   router's must be at most ROUTER_LOGIT_OFFSET times the mean shift of those tokens (near_ties): rounding moves a
-#   token's logits both ways and averages out (measured 0.10 to 0.36 over the 8 updates of a vLLM and an Ascend-line
-#   run), a per-expert bias in the router's output moves one expert's logit the same way at every token (a raise of
+#   token's logits both ways and averages out (measured 0.08 to 0.36 over the 20 updates of three vLLM and two
+#   Ascend-line runs), a per-expert bias in the router's output moves one expert's logit the same way at every token (a raise of
 #   0.01, under the shift of many tokens, measured 1.3 to 1.4; 0.1, which moved 3 to 4 % of the routes, 12 to 14).
 NEAR_TIE_RATIO = 2 * BF16_SPREAD
 ROUTER_LOGIT_OFFSET = 1.0
