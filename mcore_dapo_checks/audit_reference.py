@@ -189,38 +189,36 @@ def reference_step(folder: Path, force_routes: bool = True, dtype: torch.dtype =
     # difference |ref - engine| / (1 + |engine|) bounds both. In bypass mode the old log-probs are the rollout's
     # (verl copies them: checked exact below), of the weights that generated the samples, no engine's
     update = _update_log_probs(folder, parts, seqs, mask)
-    engine_lps = [lp for lp in (update, None if bypass else old) if lp is not None]
-    if not engine_lps:
+    engine = {k: lp for k, lp in (("update", update), ("old", None if bypass else old)) if lp is not None}
+    if not engine:
         raise ValueError(f"{folder.name}: bypass mode and the audit kept no log-probs of the update's forward")
-    gaps = [(new.detach() - lp).abs() for lp in engine_lps]
-    checks = {"logprob_max_abs_diff": max(float(g[valid].max()) for g in gaps),
-              "logprob_max_scaled_diff": max(float((g / (1 + lp.abs()))[valid].max())
-                                             for g, lp in zip(gaps, engine_lps)),
+    ref = new.detach()
+    checks = {"logprob_max_abs_diff": max(float((ref - lp).abs()[valid].max()) for lp in engine.values()),
+              "logprob_max_scaled_diff": max(float(_scaled_diff(ref, lp)[valid].max()) for lp in engine.values()),
               # how far the engine's rounding moved the log-probs of the forward its gradient came from (the
               # update's; audits without it: the old-log-prob pass) from this model's, over the batch (with the bf16
               # model's the same, reference(): the engine's rounding against the bf16 recomputation's)
-              "logprob_rms_diff": float(gaps[0][valid].pow(2).mean().sqrt()),
-              "logprobs_of": [k for k, lp in (("update", update), ("old", None if bypass else old)) if lp is not None]}
+              "logprob_rms_diff": float((ref - next(iter(engine.values())))[valid].pow(2).mean().sqrt()),
+              "logprobs_of": list(engine)}
     rollout = _padded(cols["rollout_log_probs"]) if cols["rollout_log_probs"] else None
+    rollout_lp = None if rollout is None else rollout + rollout_log_prob_shift  # the mutation's shift, if any
     if bypass:
         # verl 0.9.1's bypass (verl/trainer/ppo/v1/trainer_base.py, _compute_old_log_prob): old_log_probs is the
         # rollout's log-probs, copied
         checks["old_vs_rollout_max_abs_diff"] = None if rollout is None else float((old - rollout).abs()[valid].max())
-    if rollout is not None:
+    if rollout_lp is not None:
         # the rollout's own log-probs against this model's at the update's weights, scaled as above: within rounding
         # where the samples are of those weights (a rollout holding other weights is off by tenths); of an older
-        # policy's otherwise. ``rollout_log_prob_shift`` moves them (a mutation)
-        moved = rollout + rollout_log_prob_shift
-        checks["rollout_logprob_max_scaled_diff"] = float(((new.detach() - moved).abs() / (1 + moved.abs()))[valid].max())
+        # policy's otherwise
+        checks["rollout_logprob_max_scaled_diff"] = float(_scaled_diff(ref, rollout_lp)[valid].max())
     if log_probs is not None:
         log_probs["new"] = new.detach()[valid]
     weights = _padded(cols["rollout_is_weights"]) if cols["rollout_is_weights"] else None
-    if weights is not None and cols["rollout_log_probs"]:
+    if weights is not None and rollout_lp is not None:
         # verl's token-level truncated IS weight, min(pi_old / pi_rollout, threshold): recomputed from the engine's
         # pi_old and the rollout's own log-probs, the inputs verl had (checked: the engine's pi_old against the
         # reference's above), it is the weight verl applied up to float rounding; from the reference's pi_old, within
         # bf16's rounding of it (reported)
-        rollout_lp = rollout + rollout_log_prob_shift
         threshold = float(settings["rollout_is_threshold"])
         ours = torch.exp(new.detach() - rollout_lp).clamp(max=threshold)
         from_engine = torch.exp(old - rollout_lp).clamp(max=threshold)
@@ -324,6 +322,11 @@ def _engine_routes(folder: Path, parts: list[dict], seqs: list[torch.Tensor]) ->
         routes.append(torch.stack([r for r, _ in kept], dim=1).long())
         logits.append(None if any(lg is None for _, lg in kept) else torch.stack([lg for _, lg in kept], dim=1))
     return routes, (None if any(lg is None for lg in logits) else logits)
+
+
+def _scaled_diff(ref: torch.Tensor, lp: torch.Tensor) -> torch.Tensor:
+    """|ref - lp| / (1 + |lp|) per token: bf16's rounding of a log-prob is relative to its size (reference_step)."""
+    return (ref - lp).abs() / (1 + lp.abs())
 
 
 def _update_log_probs(folder: Path, parts: list[dict], seqs: list[torch.Tensor], mask: torch.Tensor):

@@ -52,6 +52,13 @@ pytest.importorskip("transfer_queue")
 STEPS = 4  # validation and checkpoints at steps 2 and 4 (test_freq = save_freq = 2)
 
 
+def tiny_run_bypasses() -> bool:
+    """Whether tiny_run skips the old-log-prob pass (ROLLOUT_CORRECTION=bypass: mcore_dapo_checks.resume.trainer_run)."""
+    from mcore_dapo_checks import resume
+
+    return resume.trainer_run()["rollout_correction"] == "bypass"
+
+
 @pytest.fixture(scope="module")
 def tiny_run(dapo_trainer_run):
     # tests/conftest.py's run (mcore_dapo_checks.resume.trainer_run: STEPS steps, the H100 script's layout class,
@@ -131,12 +138,11 @@ PROBS_DIFF_MAX, PROBS_DIFF_MAX_NATIVE_ROUTING = 2e-2, 0.1
 
 def test_rollout_holds_the_trained_weights_every_step(tiny_run):
     from mcore_dapo import megatron_compat
-    from mcore_dapo_checks import resume
 
     steps, _, audit, work = tiny_run
     fresh = [m for m in steps if m.get("training/off_policy/trajectory_staleness_worst/max", 0) == 0]
     assert fresh, "no step trained on samples of its own weights only"
-    if resume.trainer_run()["rollout_correction"] == "bypass":
+    if tiny_run_bypasses():
         # the old-log-prob pass, and verl's rollout-vs-actor figures with it, are skipped: the rollout's log-probs
         # against the fp32 reference's at the update's weights, at each step whose samples are all of those weights,
         # within the engine's per-token bound (the rollout, bf16 too, rounds as the engine does)
@@ -176,11 +182,9 @@ def test_every_update_matches_the_hf_reference(tiny_run):
     # forced to the routes the update replayed): verl's micro-batching and loss scaling, Megatron's
     # schedules, EP all-to-all, DDP over two data-parallel ranks, the distributed optimizer sharded over them, the
     # rollout correction's importance weights and bf16 agree; the optimizer step is chained on the reference
-    from mcore_dapo_checks import resume
-
     steps, _, audit, _ = tiny_run
     assert len(audit) == STEPS
-    check_audit(audit, bypass=resume.trainer_run()["rollout_correction"] == "bypass")
+    check_audit(audit, bypass=tiny_run_bypasses())
 
 
 def test_routes_replayed_to_other_experts_fail_the_per_token_check(tiny_run):
@@ -272,11 +276,9 @@ def test_r3_replays_the_rollout_routing_through_the_trainer(tiny_run, capsys):
     # the rollout's routed experts reach the engine through the agent loop and TransferQueue: the
     # routers' top-k sets equal them for every (token, layer), in the update and in the old-log-prob pass where verl
     # runs it
-    from mcore_dapo_checks import resume
-
     steps, _, audit, work = tiny_run
     # (in bypass mode the old-log-prob pass, which measures the rollout agreement, is skipped)
-    bypass = resume.trainer_run()["rollout_correction"] == "bypass"
+    bypass = tiny_run_bypasses()
     for m in steps:
         assert m["actor/routing/replay_agreement"] == 1.0
         if bypass:
