@@ -176,7 +176,7 @@ def killed_save(engine, folder: Path, step: int, point: str) -> None:
         write_held_checksums(held_state(engine), export(engine), folder.parent.parent / "held" / f"step-{step}")
     engine.save_checkpoint(str(folder), global_step=step)
     if point == "tracker":
-        checkpoint.poll(engine, blocking=True)
+        engine.checkpoint_mananager.poll(blocking=True)
     dist.barrier()
     if dist.get_rank() == 0:
         kill_all()  # "background": the save returned, its writes run or wait to be finished by the next step
@@ -297,8 +297,6 @@ def _all_ranks(items: list[str]) -> list[str]:
 def save_run(a) -> dict:
     import torch.distributed as dist
 
-    from mcore_dapo.io import output
-    from mcore_dapo.verl_plugin import checkpoint
 
     work, folder = Path(a.work), Path(a.work) / "global_step_1" / "actor"
     worker, engine, batches = start(a, a.tp, a.pp, a.ep)
@@ -307,7 +305,7 @@ def save_run(a) -> dict:
     # trainer.default_hdfs_dir's copy (verl's hdfs_io copies local paths too)
     engine.save_checkpoint(str(folder), hdfs_path=str(work / "remote" / "global_step_1" / "actor"), global_step=1)
     save_s = time.perf_counter() - t
-    checkpoint.poll(engine, blocking=True)  # a background save: complete (and the tracker written) here
+    engine.checkpoint_mananager.poll(blocking=True)  # a background save: complete (and the tracker written) here
     if not engine.checkpoint_mananager.checkpoint_config.async_save:
         write_tracker(work, 1)
     # the same state saved as the run's last step (the overrides' total_training_steps): in the format another
@@ -427,7 +425,6 @@ def bench_run(a) -> dict:
 
     import torch.distributed as dist
 
-    from mcore_dapo.io import output
     from mcore_dapo.verl_plugin import checkpoint
 
     work = Path(a.work)
@@ -441,7 +438,7 @@ def bench_run(a) -> dict:
     engine.save_checkpoint(str(folder), global_step=1)
     blocked = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
     dist.all_reduce(blocked, op=dist.ReduceOp.MAX)
-    while mgr._mcore_writer is not None and not mgr._mcore_writer.poll(blocking=False):
+    while not mgr.poll(blocking=False):
         time.sleep(0.02)  # training would go on here; the poll is what each training step runs
     persisted = time.perf_counter() - t
     record = json.loads((folder / checkpoint.RESUME_FILE).read_text())
@@ -490,8 +487,6 @@ def dist_model_save(a) -> dict:
     at the save are written there too."""
     import torch.distributed as dist
 
-    from mcore_dapo.io import output
-    from mcore_dapo.verl_plugin import checkpoint
 
     work = Path(a.work) / "dist-model"
     folder = work / "global_step_1" / "actor"
@@ -501,7 +496,7 @@ def dist_model_save(a) -> dict:
     loaded = export(engine)
     update(worker, engine, *batches[BATCH_A])
     engine.save_checkpoint(str(folder), global_step=1)
-    checkpoint.poll(engine, blocking=True)
+    engine.checkpoint_mananager.poll(blocking=True)
     at_save = export(engine)
     if dist.get_rank() == 0:
         torch.save({"loaded": loaded, "at_save": at_save}, work / "weights.pt")

@@ -572,7 +572,7 @@ def test_packing_and_attention_backend_are_the_devices_answers():
     from mcore_dapo.devices import get_adapter
     from mcore_dapo.devices.cuda import te_available
     from mcore_dapo.verl_plugin.config_checks import check_packing
-    from mcore_dapo.verl_plugin.engine import _attention_backend
+    from mcore_dapo.runtime.model import device_attention_backend
 
     def conf(device):
         return OmegaConf.create({"trainer": {"device": device},
@@ -586,11 +586,11 @@ def test_packing_and_attention_backend_are_the_devices_answers():
     for here in (True, False):  # the CPU refuses THD on any machine
         with pytest.raises(UserError, match="set actor_rollout_ref.model.use_remove_padding=False on the CPU"):
             check_packing(conf("cpu"), here=here)
-    assert _attention_backend({"attention_backend": "flash"}, get_adapter("cpu")) == {"attention_backend": AttnBackend.local}
-    assert _attention_backend({"attention_backend": "flash"}, get_adapter("cuda")) == {"attention_backend": AttnBackend.flash}
-    assert _attention_backend({}, get_adapter("cpu")) == {}
+    assert device_attention_backend({"attention_backend": "flash"}, get_adapter("cpu")) == {"attention_backend": AttnBackend.local}
+    assert device_attention_backend({"attention_backend": "flash"}, get_adapter("cuda")) == {"attention_backend": AttnBackend.flash}
+    assert device_attention_backend({}, get_adapter("cpu")) == {}
     with pytest.raises(UserError, match="attention_backend='flashy' is not accepted: accepted are"):
-        _attention_backend({"attention_backend": "flashy"}, get_adapter("cuda"))
+        device_attention_backend({"attention_backend": "flashy"}, get_adapter("cuda"))
 
 
 def test_launch_on_cuda_without_transformer_engine_refuses_packing_before_ray(monkeypatch, capsys):
@@ -736,7 +736,7 @@ try:
 except RuntimeError as e:
     print("refused:", e); sys.exit(0)
 same = sorted(k for k in vars(verl) if vars(verl)[k] is not vars(new).get(k) and vars(verl)[k] != vars(new).get(k))
-print(type(new).__name__, same, new._mcore_engine, new.lr_scheduler)
+print(type(new).__name__, same, new.engine, new.lr_scheduler)
 """
 
 

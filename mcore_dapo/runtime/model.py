@@ -16,25 +16,46 @@ from mcore_dapo.errors import UserError
 from mcore_dapo.runtime.parallel import ParallelInfo
 
 
-def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", dispatcher: str = "alltoall",
-                make_vocab_size_divisible_by: int | None = None, init_weights: bool = False,
-                wrapped_in_ddp: bool = False, **config_kw) -> tuple[list[torch.nn.Module], object]:
-    """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig.
+def model_config(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", dispatcher: str = "alltoall",
+                 init_weights: bool = False, wrapped_in_ddp: bool = False, overrides: dict | None = None,
+                 overrides_key: str = "attention_backend", **config_kw):
+    """The TransformerConfig :func:`build_model` builds with, in one place: the bridge's mapping
+    (:func:`build_transformer_config`, which takes ``config_kw``), the device's fast paths under the caller's
+    ``overrides`` (TransformerConfig fields, which win: :func:`fast_path_overrides`), the kernel the device runs
+    for the attention backend asked (``overrides_key`` names it in a refusal), and where the weights are created
+    (on the host where the device has no memory of its own; uninitialised unless ``init_weights``, for weights
+    loaded next or for counting them)."""
+    fields = fast_path_overrides(bridge, adapter, overrides, dispatcher=dispatcher, wrapped_in_ddp=wrapped_in_ddp)
+    fields = device_attention_backend(fields, adapter, overrides_key)
+    tf = build_transformer_config(bridge.cfg, bridge.layout, fields, dtype=dtype, dispatcher=dispatcher, **config_kw)
+    tf.use_cpu_initialization = not adapter.has_device_memory()
+    tf.perform_initialization = init_weights
+    return tf
 
-    ``config_kw`` goes to :func:`build_transformer_config`: its ``overrides`` (TransformerConfig
-    fields) set, for instance, uneven first/last pipeline stages. ``init_weights=False`` leaves the
-    parameters uninitialised, for weights loaded next or for counting them (their tensor-parallel
-    attributes are set all the same: :func:`mark_tensor_parallel`). The device's fast paths
-    (:func:`fast_path_overrides`) come under ``overrides``: the caller's fields win."""
+
+def device_attention_backend(fields: dict, adapter: DeviceAdapter, key: str = "attention_backend") -> dict:
+    """``fields`` with ``attention_backend`` (verl spells it as a string, default ``flash``; Megatron wants the enum)
+    as the kernel the device runs for it (the local one on the CPU); an unknown name is one line naming ``key``."""
+    from mcore_dapo.bridge.megatron_config import attn_backend
+
+    fields = dict(fields)
+    backend = adapter.fast.attention_backend(attn_backend(fields.get("attention_backend"), key))
+    if backend is not None:
+        fields["attention_backend"] = backend
+    return fields
+
+
+def build_model(bridge: Bridge, adapter: DeviceAdapter, *, config=None, init_weights: bool = False,
+                make_vocab_size_divisible_by: int | None = None, **config_kw) -> tuple[list[torch.nn.Module], object]:
+    """The model chunks this rank holds (one per virtual pipeline stage) and the TransformerConfig they are built
+    with: ``config`` (:func:`model_config`'s, which the verl engine builds first), else :func:`model_config` of
+    ``init_weights`` and ``config_kw`` (its ``overrides`` set, for instance, uneven first/last pipeline stages).
+    Without ``init_weights`` the tensor-parallel attributes are set all the same (:func:`mark_tensor_parallel`)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
 
     layout = bridge.layout
-    config_kw["overrides"] = fast_path_overrides(bridge, adapter, config_kw.get("overrides"), dispatcher=dispatcher,
-                                                 wrapped_in_ddp=wrapped_in_ddp)
-    tf = build_transformer_config(bridge.cfg, layout, dtype=dtype, dispatcher=dispatcher, **config_kw)
-    tf.use_cpu_initialization = not adapter.has_device_memory()
-    tf.perform_initialization = init_weights
+    tf = config if config is not None else model_config(bridge, adapter, init_weights=init_weights, **config_kw)
     kw = gpt_model_kwargs(bridge.cfg, layout, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
     chunks = []
     for vp in range(layout.vpp or 1):
@@ -49,7 +70,7 @@ def build_model(bridge: Bridge, adapter: DeviceAdapter, *, dtype: str = "bf16", 
             **compat.stage_kwargs(GPTModel, vp_stage),
             **kw,
         )
-        if not init_weights:
+        if not tf.perform_initialization:
             mark_tensor_parallel(model)
         chunks.append(adapter.to_device(model))
     compat.enter_stage(0 if layout.vpp else None)

@@ -1,40 +1,17 @@
-"""Checkpoints of verl's trainer on the plugin's engine: written whole or not at all, in a format that
-another layout loads, and checked before anything is loaded.
+"""Checkpoints of verl's trainer on the plugin's engine, before Ray and at a load: the record a checkpoint
+carries (:data:`RESUME_FILE`), the distributed optimizer's formats (:func:`optimizer_format`), the one-line
+checks before a load (:func:`check`, which names the previous complete checkpoint) and of what a resume would
+load (:func:`check_resume`, in ``main_dapo`` before Ray). No verl, no Megatron at import.
 
-verl 0.9.1's ``MegatronCheckpointManager`` (verl/utils/checkpoint/megatron_checkpoint_manager.py) writes
-``<global_step_N>/actor`` in place: the optimizer and RNG states through Megatron's dist checkpointing
-(``optimizer/dist_ckpt``, ``extra/dist_ckpt``), then the HF weights through the engine's ``bridge``
-(``model/huggingface``), then ``transformer_config.json`` and last ``ckpt_contents.json``. The trainer
-(verl/trainer/ppo/v1/trainer_base.py ``_save_checkpoint``) writes ``data.pt`` (the dataloader's position) and
-then ``latest_checkpointed_iteration.txt``, which ``resume_mode=auto`` follows
-(verl/utils/checkpoint/checkpoint_manager.py ``find_latest_ckpt_path``: only that the folder exists is
-checked). A save killed half-way therefore leaves a folder that looks like a checkpoint, and the next save
-of the same step writes into it: Megatron's ``dist_checkpointing.save`` only warns "Overwriting old
-incomplete / corrupted checkpoint..." (megatron/core/dist_checkpointing/serialization.py) and keeps the
-files it does not overwrite. verl also removes older checkpoints (``max_ckpt_to_keep``) before and while
-the new one is written.
-
-:class:`~mcore_dapo.verl_plugin.checkpoint_manager.McoreDapoCheckpointManager` (verl's, with some methods
-replaced; its module imports verl, this one does not) makes the save atomic as the converters'
-outputs are (:mod:`mcore_dapo.io.output`): verl writes into ``.<actor>.partial``; rank 0 then adds
-:data:`RESUME_FILE` (model, layout, optimizer format, writer, and every file with its size) and renames the
-folder; older checkpoints are removed only after that. With ``checkpoint.async_save`` the save runs in the
-background (:mod:`mcore_dapo.io.async_save`): training waits for the copy to host memory, and the record, the
-rename, the upload and the tracker come once every rank's writes are done (:func:`poll`, at every training
-step; verl 0.9.1's v1 trainer never finishes verl's own asynchronous save). No rank funnels the save: the HF
-weights are written by the ranks that hold them (:mod:`mcore_dapo.resharding.owned`), the distributed optimizer
-in megatron-core's format with no gather (:func:`optimizer_format`: ``dp_reshardable`` from megatron-core 0.14,
-which loads under the same model-parallel layout only, ``fully_sharded_model_space`` before); the run's last save,
-or every save with verl's ``megatron.dist_ckpt_optim_fully_reshardable``, in ``fully_reshardable``, which another
-layout loads. Before a load, :func:`check` refuses in one line a checkpoint that is incomplete, truncated, missing
-a shard, of another model or of a layout that cannot take it, and names the previous complete checkpoint.
+The save itself (atomic, optionally in the background, every rank writing its own shards) is
+:class:`~mcore_dapo.verl_plugin.checkpoint_manager.McoreDapoCheckpointManager`'s. What verl 0.9.1's own
+manager and trainer do, and why the plugin replaces it: docs/VERL_PLUGIN.md, "Checkpoints and resume".
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from mcore_dapo.errors import UserError
@@ -278,98 +255,6 @@ def layout_name(d: dict) -> str:
     if d.get("vpp"):
         s += f" VPP{d['vpp']}"
     return f"{s} on {d.get('world_size')} ranks"
-
-
-_WRITER: list = []
-
-
-def background_writer():
-    """The process's one background writer (its persistent worker started now), shared by its engines."""
-    if not _WRITER:
-        from mcore_dapo.devices import get_adapter
-        from mcore_dapo.io.async_save import BackgroundWriter
-
-        _WRITER.append(BackgroundWriter(get_adapter().name))
-        _WRITER[0].start()
-    return _WRITER[0]
-
-
-def poll(engine, blocking: bool = False) -> None:
-    """Collective: finish the engine's checkpoint whose writes ran in the background once every rank's are done
-    (``blocking``: wait for them). The engine calls it at every training step."""
-    mgr = getattr(engine, "checkpoint_mananager", None)
-    writer = getattr(mgr, "_mcore_writer", None)
-    if writer is not None:
-        writer.poll(blocking)
-
-
-def save_atomically(mgr, save, final: Path, hdfs_path, global_step, max_ckpt_to_keep, background: bool = False) -> None:
-    """verl's save into ``.<actor>.partial``, then :func:`complete`: at once, or (``background``) as the last step of
-    the background writes, which the run's last save waits for."""
-    import functools
-
-    import torch.distributed as dist
-
-    engine = mgr._mcore_engine
-    partial = partial_path(final)
-    if dist.get_rank() == 0:
-        shutil.rmtree(partial, ignore_errors=True)  # what an interrupted save of this step left
-        partial.parent.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    writer = mgr._mcore_writer if background else None
-    if writer is not None:
-        writer.begin(str(final))
-        engine.bridge.background = writer  # the HF shards: staged in host memory here, written by its thread
-    # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save; here only once
-    # the new one is complete (complete). verl uploads to hdfs_path as its save ends (_finalize_save), before the
-    # record exists: here the complete checkpoint is uploaded, record included (complete)
-    save(str(partial), None, global_step, None)
-    engine.bridge.background = None
-    engine.on_checkpoint("save", global_step)
-    done = functools.partial(complete, mgr, partial, final, hdfs_path, global_step, max_ckpt_to_keep,
-                             mgr._mcore_format, tracker=writer is not None)
-    if writer is None:
-        done()
-        return
-    writer.pending.steps.append(done)
-    if mgr._mcore_reshardable_at(global_step):  # the run's last save: nothing polls after it
-        writer.poll(blocking=True)
-
-
-def complete(mgr, partial: Path, final: Path, hdfs_path, global_step, max_ckpt_to_keep, sharding_type,
-             tracker: bool) -> None:
-    """Collective, once every rank's writes are done: rank 0 writes the record (every file with its size), moves
-    the folder into place, uploads it, and (a save in the background, for which verl's trainer does not) writes
-    the tracker ``resume_mode=auto`` follows; then older checkpoints are removed."""
-    import torch.distributed as dist
-
-    from mcore_dapo import versions
-    from mcore_dapo.io import output
-
-    engine = mgr._mcore_engine
-    dist.barrier()
-    if dist.get_rank() == 0:
-        record = {"format": FORMAT, "global_step": int(global_step), **engine_record(engine, sharding_type),
-                  "rng": "per_rank", "written_by": {"mcore_dapo": _version(),
-                                                    **{k: versions.installed(k) for k in versions.SUPPORTED}},
-                  "files": file_sizes(partial)}
-        output.write_text_atomically(partial / RESUME_FILE, json.dumps(record, indent=1, sort_keys=True))
-        output.finish(partial, final, overwrite=True)  # a complete checkpoint of the same step is replaced
-        if hdfs_path is not None:  # as verl's _finalize_save: one recursive copy on rank 0
-            from verl.utils import hdfs_io
-
-            hdfs_io.makedirs(hdfs_path, exist_ok=True)
-            hdfs_io.copy(src=str(final), dst=hdfs_path, dirs_exist_ok=True)
-        if tracker:
-            output.write_text_atomically(final.parent.parent / TRACKER, str(int(global_step)))
-    dist.barrier()
-    mgr.register_checkpoint(str(final), max_ckpt_to_keep)
-
-
-def _version() -> str:
-    from mcore_dapo import __version__
-
-    return __version__
 
 
 def check_resume(config) -> None:

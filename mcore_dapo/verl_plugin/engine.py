@@ -6,10 +6,11 @@ checkpoint manager, is verl's):
 
 * ``_init_device_mesh``: the device adapter's patches (MindSpeed's ``repatch`` on Ascend, the CPU
   patches on the CPU) before verl's ``initialize_model_parallel``;
-* ``_build_tf_config``: the TransformerConfig from :mod:`mcore_dapo.bridge` (Qwen3/Qwen3-MoE,
-  the actor's TP/PP/EP/ETP/CP/VPP, verl's ``override_transformer_config`` on top), and the
-  checkpoint bridge verl's checkpoint manager saves and loads HF weights through;
-* ``_build_megatron_module``: the model from :func:`mcore_dapo.runtime.model.build_model`,
+* ``_build_tf_config``: the one TransformerConfig (:func:`mcore_dapo.runtime.model.model_config`: the bridge's
+  mapping for the actor's layout, the device's fast paths, verl's ``override_transformer_config`` on top), and
+  the HF weights I/O verl's checkpoint manager saves and loads through (``engine.bridge``; the Bridge itself is
+  ``engine.mcore_bridge``);
+* ``_build_megatron_module``: the model from :func:`mcore_dapo.runtime.model.build_model` with that config,
   weights from the HF folder through the bridge or from a torch_dist checkpoint
   (``megatron.use_dist_checkpointing``), ``Float16Module`` and Megatron's DDP as verl wraps them;
 * ``get_per_tensor_param``: ``(hf_name, tensor)`` from :mod:`mcore_dapo.resharding` (bucketed), an
@@ -19,24 +20,22 @@ checkpoint manager, is verl's):
   optimizer in a format another layout loads, one-line checks before a load);
 * ``train_batch``: verl's, plus the routing agreement of the last passes in its metrics (MoE);
 * ``forward_backward_batch``: first, a checkpoint written in the background is finished if every rank's writes
-  are done (:func:`checkpoint.poll`, at every log-prob computation and update), then verl's (router replay).
+  are done (the checkpoint manager's ``poll``, at every log-prob computation and update), then verl's (router replay).
 
 :class:`McoreDapoEngine` is what every device shares; verl's ``cpu`` device gets its subclass
 :class:`McoreDapoCpuEngine` (load and offload told apart where the device and the host are both "cpu"). Each is
 registered at its class statement under its rows of :mod:`mcore_dapo.verl_plugin.registrations`' table. Importing
-this module imports verl's Megatron engine, so Megatron: the device is prepared first (MindSpeed before Megatron on
-Ascend).
+this module imports verl's Megatron engine, so Megatron: the device is prepared by the entry point's hook before
+verl's engine package executes (:func:`registrations.install`; MindSpeed before Megatron on Ascend), the one place;
+its patches are applied once, in ``_init_device_mesh``.
 """
 
 from __future__ import annotations
 
+from verl.workers.engine.megatron import MegatronEngineWithLMHead
+
 from mcore_dapo.devices import get_adapter
-
-get_adapter().prepare()  # MindSpeed before Megatron on Ascend
-
-from verl.workers.engine.megatron import MegatronEngineWithLMHead  # noqa: E402
-
-from mcore_dapo.verl_plugin.registrations import registered  # noqa: E402
+from mcore_dapo.verl_plugin.registrations import registered
 
 
 @registered
@@ -93,9 +92,10 @@ class McoreDapoEngine(MegatronEngineWithLMHead):
         return out
 
     def forward_backward_batch(self, data, loss_function, forward_only=False):
-        from mcore_dapo.verl_plugin import checkpoint, router_replay
+        from mcore_dapo.verl_plugin import router_replay
 
-        checkpoint.poll(self)  # a checkpoint written in the background is finished once every rank's is
+        if getattr(self, "checkpoint_mananager", None) is not None:  # verl's spelling; None when forward_only
+            self.checkpoint_mananager.poll()  # a checkpoint written in the background: finished once every rank's is
 
         return router_replay.forward_backward_batch(self, super().forward_backward_batch, data, loss_function,
                                                     forward_only)
@@ -135,87 +135,63 @@ def _fast_path_context(engine) -> tuple:
 
 
 def _build_tf_config(engine) -> None:
+    """The engine's dtype, its Bridge and the one TransformerConfig it builds its model with: the bridge's mapping,
+    then (lowest first) verl's keys outside ``override_transformer_config`` (:mod:`model_settings`), the device's
+    fast paths, the user's ``override_transformer_config``, the router-replay fields of verl's
+    ``router_replay.mode`` (:func:`router_replay.config_fields`)."""
     import torch
 
     from mcore_dapo.bridge import Bridge, Layout
-    from mcore_dapo.bridge.megatron_config import build_transformer_config, split_overrides
+    from mcore_dapo.bridge.megatron_config import split_overrides
     from mcore_dapo.errors import UserError
+    from mcore_dapo.runtime.model import model_config
+    from mcore_dapo.verl_plugin import model_settings
     from mcore_dapo.verl_plugin.config_checks import PACKING, check_architecture
+    from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
+    from mcore_dapo.verl_plugin.router_replay import config_fields
 
-    adapter = get_adapter()
-    cfg = check_architecture(engine.model_config.local_path)
-    if engine.engine_config.use_remove_padding:
+    adapter, ec, mc = get_adapter(), engine.engine_config, engine.model_config
+    cfg = check_architecture(mc.local_path)
+    if ec.use_remove_padding:
         adapter.fast.check_packed_sequences(PACKING)
+    # the engine's attributes verl's code reads
     engine.is_value_model = False
     engine.share_embeddings_and_output_weights = cfg.tie_word_embeddings
-    engine.param_dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
-        str(engine.engine_config.dtype), torch.float32)
-    engine.dtype = engine.param_dtype
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32")
-    engine.mcore_bridge = Bridge(cfg, Layout.from_megatron(engine.engine_config))
-    fields, flags = split_overrides(engine.engine_config.override_transformer_config)
-    # verl's megatron.yaml declares fields as null (recompute_granularity, ...): not set, so the mapping's stand
-    fields = {k: v for k, v in fields.items() if v is not None}
+    engine.param_dtype = engine.dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
+        str(ec.dtype), torch.float32)
+    engine.mcore_bridge = bridge = Bridge(cfg, Layout.from_megatron(ec))
+    # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
+    engine.bridge = HFWeightsIO(bridge, engine.param_dtype)
+    engine.provider, engine.vanilla_bridge, engine.peft_cls = None, True, None
+
+    # the user's TransformerConfig fields; verl's megatron.yaml declares some as null (recompute_granularity,
+    # ...): not set, so the mapping's stand
+    fields, flags = split_overrides(ec.override_transformer_config)
     if flags and not adapter.fast.takes_feature_flags():
         raise UserError(f"override_transformer_config keys {sorted(flags)} are not TransformerConfig fields "
                         "(MindSpeed feature flags are accepted on Ascend only)")
-    from mcore_dapo.verl_plugin.router_replay import config_fields
-
+    fields = {k: v for k, v in fields.items() if v is not None}
     # verl's own _build_tf_config sets the replay flag; this one replaces it (R2/R3 would be silently off)
-    fields = {**fields, **config_fields(cfg, str(engine.engine_config.router_replay.mode))}
+    fields.update(config_fields(cfg, str(ec.router_replay.mode)))
+    fields = {**model_settings.dropout_fields(mc.override_config), **fields}  # the user's fields win
     engine.mcore_dispatcher = fields.pop("moe_token_dispatcher_type", "alltoall")
-    from mcore_dapo.verl_plugin import model_settings
-
-    # verl's keys outside override_transformer_config (model_settings): honoured, the user's fields win
-    ec, layout = engine.engine_config, engine.mcore_bridge.layout
-    fields = {**model_settings.dropout_fields(engine.model_config.override_config), **fields}
-    engine.mcore_config_kw = dict(
-        recompute=model_settings.recompute(engine.model_config.enable_gradient_checkpointing,
-                                           ec.override_transformer_config),
-        sequence_parallel=model_settings.sequence_parallel(ec.sequence_parallel, layout.tp, cfg.is_moe,
-                                                           "megatron"))
     engine.mcore_freeze_router = model_settings.freeze_moe_router(ec.override_mcore_model_config, "megatron")
-    # the device's fast paths (FastPaths.paths) under the user's fields; a fast path asked that this
-    # machine cannot run is one line (also checked before Ray: config_checks.check_fast_paths)
-    from mcore_dapo.runtime.model import fast_path_overrides
-
-    replay = bool(fields.get("moe_enable_routing_replay"))
-    adapter.fast.check_overrides(cfg, layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
-                                      replay=replay)
-    fields = fast_path_overrides(engine.mcore_bridge, adapter, fields, dispatcher=engine.mcore_dispatcher,
-                                 wrapped_in_ddp=not ec.forward_only)
-    engine.mcore_overrides = fields = _attention_backend(fields, adapter)
-    tf = build_transformer_config(cfg, layout, fields, dtype=dtype, aux_loss_coeff=0.0,
-                                  dispatcher=engine.mcore_dispatcher, **engine.mcore_config_kw)
-    from mcore_dapo.verl_plugin.hf_weights import HFWeightsIO
-
-    # verl's checkpoint manager saves/loads HF weights through "a bridge" (mbridge's interface)
-    engine.bridge = HFWeightsIO(engine.mcore_bridge, engine.param_dtype)
-    engine.tf_config, engine.provider, engine.vanilla_bridge = tf, None, True
-    engine.peft_cls = None
-
-
-def _attention_backend(fields: dict, adapter) -> dict:
-    """verl spells ``attention_backend`` as a string (default ``flash``); Megatron wants the enum,
-    and the device says which kernel runs for it (the local one on the CPU)."""
-    from mcore_dapo.bridge.megatron_config import attn_backend
-
-    fields = dict(fields)
-    backend = attn_backend(fields.get("attention_backend"), "override_transformer_config.attention_backend")
-    backend = adapter.fast.attention_backend(backend)
-    if backend is not None:
-        fields["attention_backend"] = backend
-    return fields
+    # a fast path asked that this machine cannot run is one line (also before Ray: config_checks.check_fast_paths)
+    adapter.fast.check_overrides(cfg, bridge.layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
+                                 replay=bool(fields.get("moe_enable_routing_replay")))
+    engine.tf_config = model_config(
+        bridge, adapter, dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32"),
+        dispatcher=engine.mcore_dispatcher, wrapped_in_ddp=not ec.forward_only, overrides=fields,
+        overrides_key="override_transformer_config.attention_backend", aux_loss_coeff=0.0,
+        recompute=model_settings.recompute(mc.enable_gradient_checkpointing, ec.override_transformer_config),
+        sequence_parallel=model_settings.sequence_parallel(ec.sequence_parallel, bridge.layout.tp, cfg.is_moe,
+                                                           "megatron"))
 
 
 def _build_megatron_module(engine):
     from mcore_dapo.runtime.model import build_model
 
-    adapter = get_adapter()
-    adapter.apply_patches()
-    chunks, tf = build_model(engine.mcore_bridge, adapter, dtype={True: "bf16"}.get(engine.tf_config.bf16, "fp32"),
-                             aux_loss_coeff=0.0, overrides=engine.mcore_overrides, dispatcher=engine.mcore_dispatcher,
-                             wrapped_in_ddp=not engine.engine_config.forward_only, **engine.mcore_config_kw)
+    chunks, tf = build_model(engine.mcore_bridge, get_adapter(), config=engine.tf_config)
     engine._mcore_routing_metrics = {}
     if engine.mcore_freeze_router:  # override_mcore_model_config.moe_config.freeze_moe_router, as verl's
         from mcore_dapo.verl_plugin.router_replay import model_routers
@@ -236,7 +212,6 @@ def _build_megatron_module(engine):
                                          load_dist_checkpoint(chunks, path))
     else:
         engine.bridge.load_weights(chunks, engine.model_config.local_path)
-    engine.tf_config = tf
     if tf.fp16 or tf.bf16:  # as verl's make_megatron_module: fp32 logits out of a half-precision model
         from megatron.core.transformer.module import Float16Module
 

@@ -58,17 +58,17 @@ def refuse_fsdp_keys(overrides: list[str]) -> None:
 
 
 def dry_run(overrides: list[str], here: bool = False):
-    """Compose and check; return the resolved parallel sizes and the composed config. ``here``: a launch
-    from this machine, which must also have the software the config needs (checked before Ray starts)."""
+    """Compose the (rewritten: :func:`overrides.rewrite`) overrides and check; return the resolved parallel sizes
+    and the composed config. ``here``: a launch from this machine, which must also have the software the config
+    needs (checked before Ray starts)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from mcore_dapo.verl_plugin.config_checks import validate
-    from mcore_dapo.verl_plugin.overrides import rewrite
 
     refuse_fsdp_keys(overrides)
     try:
-        c = compose(rewrite(overrides))
+        c = compose(overrides)
     except (HydraException, OmegaConfBaseException) as e:
         raise UserError(f"verl config does not compose: {str(e).splitlines()[0]}") from None
     sizes = validate(c, os.environ.get("MCORE_DAPO_MODEL_CONFIG"), here=here)
@@ -93,15 +93,15 @@ def expected_stack(device: str | None) -> dict:
 def main(argv=None) -> int:
     from mcore_dapo.verl_plugin.overrides import rewrite
 
-    overrides = list(sys.argv[1:] if argv is None else argv)
     try:
         import verl
 
         from mcore_dapo.verl_plugin.config_checks import check_verl_version
 
         check_verl_version(getattr(verl, "__version__", "0"))  # before composing: older verl configs differ
+        new = rewrite(list(sys.argv[1:] if argv is None else argv))  # the one rewrite: composed here, run by verl
         dry = os.environ.get("DRY_RUN", "0") not in ("", "0")
-        sizes, composed = dry_run(overrides, here=not dry)
+        sizes, composed = dry_run(new, here=not dry)
         if dry:
             if os.environ.get("MCORE_DAPO_CONFIG_OUT"):
                 from omegaconf import OmegaConf
@@ -125,7 +125,6 @@ def main(argv=None) -> int:
         from mcore_dapo.verl_plugin.checkpoint import check_resume
 
         check_resume(composed)  # the checkpoint a resume would load fits this model and layout, before Ray
-        new = rewrite(overrides)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
