@@ -701,9 +701,9 @@ def reference(root: str | Path, dtype: torch.dtype = torch.float32, settings: di
     :data:`ROUNDING_DRAWS` times more in bf16 with the embeddings' output moved within one bf16 spacing
     (:func:`perturb_embeddings`): per part, the largest of the draws' differences from the fp32 gradient
     (``reference_bf16_part_grad_diff``; each draw's in ``reference_bf16_part_grad_diffs``), and of their log-probs'
-    (``reference_bf16_logprob_rms_diff``). Mostly a few
-    thousandths; at an update whose gradient flows through near-saturated attention into the first positions'
-    embeddings it is the whole gradient (the fp32 model's 2.35 against the bf16 model's 0.29, docs/TESTING.md)."""
+    (``reference_bf16_logprob_rms_diff``). Mostly a few thousandths; at an update whose gradient flows through
+    near-saturated attention into the first positions' embeddings it is the whole gradient (seen once: the fp32
+    model's 2.35 against the bf16 model's 0.29), which is why the part bounds are taken from the same update."""
     from transformers import AutoModelForCausalLM
 
     out, adam, adam_bf16, composed = [], None, None, {}

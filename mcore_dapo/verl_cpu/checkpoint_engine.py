@@ -1,36 +1,14 @@
-"""``actor_rollout_ref.rollout.checkpoint_engine.backend=gloo``: verl's weight transport between the trainer
-and a rollout on its own processes (``trainer.v1.trainer_mode=separate_async``), over gloo, for hosts without an
-accelerator.
+"""``actor_rollout_ref.rollout.checkpoint_engine.backend=gloo``: verl's weight transport between the trainer and a
+rollout on its own processes (``trainer.v1.trainer_mode=separate_async``), over gloo, for hosts without an
+accelerator; registered by naming this module in ``checkpoint_engine.custom_backend_module``.
 
-verl 0.9.1 ships accelerator-bound transports only (``verl/checkpoint_engine/``: ``nccl`` needs cupy and CUDA,
-the HCCL engine registers the same name and needs torch_npu, ``nixl``, ``mooncake``, ``kimi_ckpt_engine`` and
-``delta_sharded`` need a device as well). Its registry takes a plugin's backend through
-``checkpoint_engine.custom_backend_module``, which verl imports in the trainer's workers
-(``verl/workers/engine_workers.py``), in the rollout's ``CheckpointEngineWorker`` and in the trainer's
-``CheckpointEngineManager`` (``verl/checkpoint_engine/base.py``) before the backend is instantiated: naming this
-module there registers :class:`GlooCheckpointEngine`. Which backend a device uses is the device adapter's
-(:meth:`mcore_dapo.devices.rollout.RolloutSettings.checkpoint_engine`).
-
-The design is verl's HCCL engine's (``hccl_checkpoint_engine.py``): one sender, the trainer's rank 0, and the
-rollout workers as ranks 1..n of a process group of their own, rebuilt at every sync; the trainer's other ranks
-walk the weight generator (producing each tensor is collective over the trainer's ranks) and send nothing. The
-tensors are cut into buckets with verl's ``split_weight_chunks`` and put back together with its
-``merge_weight_chunks``; a bucket's metadata travels in the same gloo group (pickled, its length first) instead
-of a ZMQ socket. Two checks verl's engines do not make:
-
-* **The same stream on every trainer rank.** verl's NCCL engine lets relay ranks recompute bucket boundaries from
-  their own copy of the stream (``_relay_weights``), so every trainer rank must yield the same names, shapes and
-  dtypes in the same order (the plugin's exporter does: :func:`mcore_dapo.resharding.export.export_weights`
-  yields every tensor on every rank). Each rank hashes what it walked, and the trainer's ranks compare the hashes
-  over their own process group after the sync: a rank that yielded another sequence fails the sync, naming it.
-* **All or nothing.** The sender hashes every byte it sends and sends the hash last; a receiver that computes
-  another one raises before its consumer commits (the ``hf_cpu`` server stages a sync and applies it only whole,
-  :meth:`mcore_dapo.verl_cpu.rollout.CpuRolloutServer.commit`): a sync cut short or corrupted leaves the rollout on
-  the weights it had.
-
-With ``MCORE_DAPO_SYNC_TRACE=F`` set, each side appends one JSON line per sync to the file ``F`` (side, rank,
-step, entries, bytes, hash): ``send`` and ``receive`` hash the chunks on the wire, ``export`` the whole tensors the
-trainer yielded, as the ``hf_cpu`` server's ``commit`` line hashes what it loaded; the tests compare them.
+:class:`GlooCheckpointEngine` follows verl's HCCL engine (``verl/checkpoint_engine/hccl_checkpoint_engine.py``):
+the trainer's rank 0 sends to the rollout workers in a gloo group rebuilt at every sync, with verl's
+``split_weight_chunks`` / ``merge_weight_chunks``. Two checks verl's engines do not make: every trainer rank walked
+the same (name, shape, dtype) stream (a hash compared after the sync), and every byte arrived (the sender's hash
+sent last; a receiver that computes another raises before its consumer commits). With ``MCORE_DAPO_SYNC_TRACE=F``
+each side appends one JSON line per sync to ``F`` (side, rank, step, entries, bytes, hash). Why and how:
+docs/VERL_PLUGIN.md, "Asynchronous modes".
 """
 
 from __future__ import annotations
