@@ -223,3 +223,42 @@ def test_the_circle_check_sees_a_circle_through_a_function_level_import(tmp_path
     (pkg / "b.py").write_text("def f():\n    from .a import x\n")
     (pkg / "c.py").write_text("import mcore_dapo.b\n")
     assert circles(import_graph(pkg)) == [{"mcore_dapo.a.x", "mcore_dapo.b"}]
+
+
+# docs/ARCHITECTURE.md, "Layers": each of the product's top-level modules and packages at its layer; a module imports
+# its own layer and those below only (leaves at 0; env, the `mcore-dapo env` report, is a product over the devices)
+LAYERS = {
+    0: {"errors", "host", "resources", "versions"},
+    1: {"bridge", "launch_keys"},
+    2: {"devices", "patching", "io", "megatron_compat"},
+    3: {"runtime"},
+    4: {"convert", "resharding", "verl_plugin", "verl_cpu", "plan", "metrics", "migrate", "data_check", "env"},
+    5: {"cli"},
+}
+
+
+def arrows_up(edges: dict[str, set[str]]) -> list[str]:
+    """The imports of a module of a higher layer than its own (a top-level name missing from LAYERS is one too)."""
+    level = {name: n for n, names in LAYERS.items() for name in names}
+
+    def of(module):
+        top = module.split(".")[1] if "." in module else ""
+        return level.get(top, -1 if top == "" else None)
+
+    out = []
+    for m, targets in sorted(edges.items()):
+        if of(m) is None:
+            out.append(f"{m}: not in LAYERS")
+            continue
+        out += [f"{m} -> {t}" for t in sorted(targets) if of(t) is None or of(t) > of(m)]
+    return out
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    assert arrows_up(import_graph(PACKAGE)) == []
+
+
+def test_the_layer_check_sees_an_import_upward():
+    edges = import_graph(PACKAGE)
+    edges["mcore_dapo.devices.cpu"] = edges["mcore_dapo.devices.cpu"] | {"mcore_dapo.resharding.vllm_target"}
+    assert arrows_up(edges) == ["mcore_dapo.devices.cpu -> mcore_dapo.resharding.vllm_target"]
