@@ -121,18 +121,11 @@ def test_validation_and_checkpoints_run_at_the_scripts_frequencies_in_the_h100_l
         assert (ckpts / f"global_step_{step}" / "data.pt").is_file()  # the dataloader's position
 
 
-# verl's own check after every weight sync: the rollout's log-probs against the actor's recomputation. Both
-# are bf16 models on the same weights: bf16 rounds a probability in [0.5, 1) to steps of 2^-8, and the
-# two recomputations (HF's and Megatron's kernels) may land one or two steps apart: 2e-2 (measured 7.8e-3,
-# which is 2^-7). A stale or wrong sync moves the taught model's probabilities by tenths. In the asynchronous
-# modes a step whose samples are all of the weights it trains from (verl's trajectory_staleness_worst/max 0)
-# keeps that bound; at a step that trains older samples the rollout's log-probs are an older policy's (measured
-# up to 6.2e-2 after one update at lr 1e-3), which the rollout correction's importance weights carry, and only the
-# correlation is held (> 0.99). That the rollout holds exactly the weights of the version it reports is the
-# transport's hashes (test_the_standalone_rollout_holds_the_weights_it_reports). Without router replay (megatron-core
-# before 0.16, the Ascend line) the actor routes by itself: a token whose router scores are within bf16's rounding
-# of a tie takes other experts than in the rollout and lands several bf16 steps away (measured 3.5e-2 at a fresh
-# step on that line; the vLLM run's bound below, 0.1, for the same reason).
+# verl's own check after every sync: rollout and actor, both bf16 on the same weights, may round a probability in
+# [0.5, 1) one or two bf16 steps (2^-8) apart: 2e-2 (measured 7.8e-3); a stale or wrong sync moves the taught model's
+# probabilities by tenths. At a step that trains older samples (async modes) the rollout is an older policy: the
+# correlation only (> 0.99). Where the actor routes by itself (no router replay) a near-tie token takes other experts
+# and lands several steps away (measured 3.5e-2): 0.1.
 PROBS_DIFF_MAX, PROBS_DIFF_MAX_NATIVE_ROUTING = 2e-2, 0.1
 
 
@@ -310,17 +303,10 @@ def test_a2_layout_class_trains_on_vllm_at_rollout_tp2(vllm_run):
         "tensor_model_parallel_size": 1, "recompute_granularity": "full"}
     for m in steps:
         assert math.isfinite(m["actor/grad_norm"]) and m["actor/grad_norm"] > 0
-    # verl's own check after every sync, here from the PP2 x VPP2 engine into vLLM's two TP ranks: vLLM's
-    # probabilities against the actor's recomputation, both bf16 on the same weights. Over 8 MoE layers a token
-    # whose top-2 experts differ between vLLM's CPU MoE kernel and Megatron's (router scores within bf16's
-    # rounding of a tie) lands several bf16 steps away, so the largest difference is not bounded by rounding
-    # alone (measured 7.6e-3, and once 5.5e-2, its cause not isolated): the mean and the correlation carry the
-    # check: the mean within 3e-3
-    # (measured at most 6.5e-4), the Pearson correlation above 0.99 (measured 0.99997 at its lowest), the
-    # largest below 0.1. A stale or wrong sync moves most tokens' probabilities by tenths. In colocate_async these
-    # hold at the steps whose samples are all of the weights trained from; at a step that trains older samples the
-    # rollout's log-probs are an older policy's (measured mean 1.2e-2 after one update at lr 1e-3): the correlation
-    # only (test_rollout_holds_the_trained_weights_every_step)
+    # verl's own check after every sync, PP2 x VPP2 engine into vLLM's two TP ranks, both bf16: a near-tie token whose
+    # experts differ between vLLM's CPU MoE kernel and Megatron's lands several bf16 steps away (largest measured 5.5e-2),
+    # so the mean (< 3e-3; measured at most 6.5e-4) and the correlation (> 0.99) carry it, the largest below 0.1; a
+    # stale or wrong sync moves most probabilities by tenths. Steps that train older samples: the correlation only.
     fresh = [m for m in steps if m["training/off_policy/trajectory_staleness_worst/max"] == 0]
     assert fresh, "no step trained on samples of its own weights only"
     for m in steps:

@@ -1,30 +1,14 @@
-"""``actor_rollout_ref.rollout.name=hf_cpu``: a rollout served on the CPU for verl 0.9.1's trainer.
+"""``actor_rollout_ref.rollout.name=hf_cpu``: a rollout served on the CPU for verl 0.9.1's trainer, with HF
+transformers as the engine (how the whole DAPO loop runs without an accelerator; not a fast inference engine).
 
-verl's trainer generates through rollout *replicas* (server actors that the agent loop calls
-with ``generate(request_id, prompt_ids=..., sampling_params=...)``) and, in the hybrid
-(colocated) mode, syncs weights through a ``BaseRollout`` adapter living in each trainer
-worker (``update_weights(generator of (name, tensor))``). vLLM and SGLang need an accelerator;
-this module gives verl the same three pieces on the CPU, with HF transformers as the engine:
-
-* :class:`CpuRolloutServer`: a Ray actor per replica holding the HF model; sampling with
-  temperature / top-p / top-k and ``ignore_eos``, the response length rules of verl's vLLM
-  server, optional log-probs, and with ``rollout.enable_rollout_routing_replay`` the routed
-  experts of every token fed, from its own routers (router replay R3); ``repetition_penalty``
-  and per-request seeds are not applied (the server's generator is seeded from ``rollout.seed``,
-  the replica rank and the step of the weights it holds, again at each new step, and requests are
-  served in the order they arrive: a run resumed from a checkpoint samples what the uninterrupted run
-  sampled after that step); weights
-  arrive through :class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`.
-* :class:`~mcore_dapo.verl_cpu.replica.CpuRolloutReplica` (``RolloutReplicaRegistry``): starts the server actor.
-* :class:`~mcore_dapo.verl_cpu.replica.CpuServerAdapter` (``verl.workers.rollout.base._ROLLOUT_REGISTRY``): the
-  trainer worker's side; rank 0 of each replica forwards the engine's ``(hf_name, tensor)`` to its server in
-  buckets.
-
-The two verl classes are in :mod:`mcore_dapo.verl_cpu.replica` (which imports verl's rollout package), registered
-by :mod:`mcore_dapo.verl_plugin.registrations`; this module does not import verl.
-
-It is how the whole DAPO loop (verl's trainer, agent loop, reward loop, dynamic sampling, the
-plugin's Megatron engine) runs on a laptop; it is not a fast inference engine.
+:class:`CpuRolloutServer` is the Ray actor of one replica: sampling with temperature / top-p / top-k and
+``ignore_eos``, the response length rules of verl's vLLM server, optional log-probs, with
+``rollout.enable_rollout_routing_replay`` the routed experts of every token (R3); ``repetition_penalty`` and per-request
+seeds are not applied (its generator is seeded from ``rollout.seed``, the replica rank and the weights' step, so a run
+resumed from a checkpoint samples what the uninterrupted run sampled). Weights arrive through
+:class:`~mcore_dapo.resharding.HFQwen3MoeReceiver`, staged and committed whole. verl's two classes (the replica and
+the worker's adapter) are in :mod:`mcore_dapo.verl_cpu.replica`; this module does not import verl. How verl uses them:
+docs/VERL_PLUGIN.md, "On the CPU: a verl platform and a rollout".
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Router replay (R2, R3) and the routing-agreement metric of :class:`McoreDapoEngine`.
 
-verl 0.9.1 (``actor.megatron.router_replay.mode``: disabled | R2 | R3) switches replay on in its
-``MegatronEngine._build_tf_config`` (``moe_enable_routing_replay`` on the TransformerConfig, in
-``verl/workers/engine/megatron/transformer_impl.py``) and through ``apply_router_replay_patch``
-(``verl/utils/megatron/router_replay_patch.py``, called from ``MegatronEngine.__init__``: each
-``TopKRouter`` of a config with the flag gets a ``RouterReplay`` that records or replays its top-k).
-The plugin's engine builds its own TransformerConfig, so it sets the flag itself
-(:func:`config_fields`); verl's patch, its R2/R3 actions in ``forward_backward_batch`` and its
-THD (packed) route handling stay verl's.
-
-verl's route helpers (``merge_router_topk_indices``, ``set_router_replay_data`` in
-``verl/utils/megatron/router_replay_utils.py``) place routes in the THD token order only. With
-padded batches (``use_remove_padding=False``, the only layout the CPU runs) Megatron's router sees
-the ``[seq, batch]`` order of verl's ``preprocess_bshd_engine`` (sequence-parallel shards along
-``seq``); :func:`bshd_forward_step` records and sets routes in that order instead.
-
-Routes are per token ``[layers, top_k]`` expert indices, nested over the batch (verl's format);
-``layers`` is every layer or every MoE layer. The routing agreement is measured from the routing
-maps the routers actually returned (forward hooks, :class:`RouteProbe`), not from replay state.
+verl 0.9.1 switches replay on in its own ``_build_tf_config``, which the plugin's engine replaces: the engine sets the
+flag itself (:func:`config_fields`); verl's patch and its R2/R3 actions stay verl's. verl's route helpers place routes
+in the packed (THD) order only; with padded batches (``use_remove_padding=False``, the CPU's) :func:`bshd_forward_step`
+records and sets them in the ``[seq, batch]`` order Megatron's router sees. Routes are per token ``[layers, top_k]``
+expert indices (verl's format). The routing agreement is measured from the routing maps the routers returned
+(:class:`RouteProbe`, which keeps their logits too), not from replay state. verl's side: docs/VERL_PLUGIN.md,
+"Router replay (R2, R3) and the routing-agreement metric".
 """
 
 from __future__ import annotations
