@@ -115,3 +115,38 @@ def test_every_ranked_layout_is_legal(cfg):
     for lay in lays:
         assert lay.tp in (1, 2, 4, 8) and lay.ep in (1, lay.tp * lay.dp) and 32 % (lay.tp * lay.dp) == 0
     assert re.fullmatch(r"GEN_TP=2 GEN_DP=1 GEN_EP=1 ENFORCE_EAGER=True", gen.GUIDE_A2.script_vars())
+
+
+def test_a_measured_step_overhead_replaces_the_guess(cfg, phases):
+    """``--step-overhead-ms EAGER GRAPH`` (what a device measurement gives) replaces the guessed overhead: every
+    decode step costs the measured time in its mode. Reference: the guide's longest response (6,144 steps, 31 %
+    clipped, so every step has sequences in flight) times the measured time, one wave at a 0.9 share."""
+    steps = phases.max_response
+    assert steps == 6144
+    w = Workload(get_device("a2"), nodes=4, gpu_memory_utilization=0.9, step_overhead_ms=(5.0, 1.5))
+    lengths = gen.lengths_of(w, phases)
+    eager = gen.generation(cfg, w, gen.RolloutLayout(2, 1, 1, True), lengths)
+    graph = gen.generation(cfg, w, gen.RolloutLayout(2, 1, 1, False), lengths)
+    assert eager.waves == graph.waves == 1
+    assert eager.overhead_s == pytest.approx(steps * 5e-3) and graph.overhead_s == pytest.approx(steps * 1.5e-3)
+    guessed = gen.generation(cfg, Workload(get_device("a2"), nodes=4, gpu_memory_utilization=0.9),
+                             gen.RolloutLayout(2, 1, 1, True), lengths)
+    assert guessed.memory_s == eager.memory_s and guessed.overhead_s > 3 * eager.overhead_s  # only the overhead moved
+    assert gen.constants(w)["step_overhead_s"] == {"eager": 0.005, "graph": 0.0015,
+                                                   "source": "measured (--step-overhead-ms)"}
+
+
+def test_plan_takes_a_measured_step_overhead_and_refuses_a_bad_one(capsys):
+    from mcore_dapo.cli.analysis import main as cli
+
+    base = ["plan", "--model", "qwen3-30b-a3b", "--nodes", "4", "--devices-per-node", "8", "--device", "a2",
+            "--top", "1"]
+    assert cli([*base, "--step-overhead-ms", "5", "1.5", "--json"]) == 0
+    rollout = json.loads(capsys.readouterr().out)["rollout"]
+    assert rollout["constants"]["step_overhead_s"]["source"] == "measured (--step-overhead-ms)"
+    assert cli(base) == 0
+    assert "per-step overhead, a guess: eager" in capsys.readouterr().out
+    assert cli([*base, "--step-overhead-ms", "-1", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: step_overhead_ms=(-1.0, 2.0) is not accepted: two times in ms, eager then graph, each in "
+                   "[0, 1000) are"]

@@ -30,6 +30,7 @@ def _plan(a) -> int:
         responses_per_prompt=a.responses_per_prompt, gen_prompts=a.gen_prompts, mean_tokens=a.mean_tokens,
         recompute=a.recompute,
         offload=a.offload, gpu_memory_utilization=a.gpu_memory_utilization, efficiency=a.efficiency,
+        step_overhead_ms=tuple(a.step_overhead_ms) if a.step_overhead_ms else None,
     )
     from mcore_dapo.plan.modes import GUIDE, phases_from_log
 
@@ -49,7 +50,7 @@ def _plan(a) -> int:
                           "generation_s": round(top.total_s, 2) if top else None,
                           "script_vars": top.layout.script_vars() if top else None,
                           "overrides": top.layout.overrides() if top else [],
-                          "lengths": lengths.as_dict(), "constants": gen.constants(),
+                          "lengths": lengths.as_dict(), "constants": gen.constants(w),
                           "candidates": [g.as_dict() for g in rollouts[:a.top]]}
         if modes is not None:
             from mcore_dapo.plan.modes import cheaper
@@ -170,6 +171,9 @@ def add_commands(sub) -> None:
     p.add_argument("--offload", default="none", help="none, optimizer, param or param+optimizer")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5, help="vLLM's share during rollout")
     p.add_argument("--efficiency", type=float, default=0.25, help="achieved fraction of the peak bf16 rate")
+    p.add_argument("--step-overhead-ms", type=float, nargs=2, default=None, metavar=("EAGER", "GRAPH"),
+                   help="the rollout's per-decode-step overhead beyond the bytes read, eager and graph mode, measured "
+                        "on the device (docs/PLANNER.md; default: the planner's guess)")
     p.add_argument("--phases", default=None, metavar="LOG",
                    help="a synchronous run's verl console log whose phase times the trainer modes are projected from "
                         "(default: the guide's logged step)")

@@ -279,9 +279,11 @@ def graph_overhead_s(device_family: str) -> float:
     return max(0.0, m.tpot_s - memory)
 
 
-def step_overhead_s(device: DeviceSpec, eager: bool) -> float:
-    """The guess: graph mode's per-step overhead from :data:`MEASURED`, eager mode's that times
-    :data:`EAGER_OVER_GRAPH`."""
+def step_overhead_s(device: DeviceSpec, eager: bool, measured_ms: tuple[float, float] | None = None) -> float:
+    """The per-step overhead: ``measured_ms`` (eager, graph) where the device's was measured, else the guess:
+    graph mode's from :data:`MEASURED`, eager mode's that times :data:`EAGER_OVER_GRAPH`."""
+    if measured_ms is not None:
+        return float(measured_ms[0 if eager else 1]) / 1e3
     g = graph_overhead_s(family(device))
     return g * EAGER_OVER_GRAPH if eager else g
 
@@ -305,7 +307,7 @@ def generation(cfg: HFModelConfig, w: Workload, lay: RolloutLayout, lengths: Len
     _, active = model_params(cfg)
     prefill = 2 * active * batch * lengths.prompt_mean / (lay.tp * d.bf16_tflops * 1e12 * w.efficiency)
     memory = comm = overhead = 0.0
-    eager_s, graph_s = step_overhead_s(d, True), step_overhead_s(d, False)
+    eager_s, graph_s = step_overhead_s(d, True, w.step_overhead_ms), step_overhead_s(d, False, w.step_overhead_ms)
     for start in range(0, lengths.response_max, STEP_BLOCK):
         steps = min(STEP_BLOCK, lengths.response_max - start)
         t = start + steps / 2
@@ -337,9 +339,14 @@ def lengths_of(w: Workload, phases) -> Lengths:
                    int(phases.max_response), phases.clip_ratio)
 
 
-def constants() -> dict:
-    """The model's constants with their sources (for the JSON and the report)."""
+def constants(w: Workload | None = None) -> dict:
+    """The model's constants with their sources (for the JSON and the report); ``w``'s measured overhead where given."""
+    measured = w is not None and w.step_overhead_ms is not None
     return {
+        "step_overhead_s": None if w is None else {
+            "eager": round(step_overhead_s(w.device, True, w.step_overhead_ms), 5),
+            "graph": round(step_overhead_s(w.device, False, w.step_overhead_ms), 5),
+            "source": "measured (--step-overhead-ms)" if measured else "a guess (graph_overhead_s, eager_over_graph)"},
         "eager_over_graph": round(EAGER_OVER_GRAPH, 4),
         "eager_over_graph_source": "vllm-ascend #11593: A2, a large MoE, 75 ms/token eager -> 35 ms/token graph",
         "graph_overhead_s": {f: round(graph_overhead_s(f), 5) for f in MEASURED},
@@ -354,8 +361,10 @@ def render(ranked: list[Generation], lengths: Lengths, w: Workload, top: int = 5
     d = w.device
     lines = [f"generation (a model: {lengths.sequences} sequences, prompt {lengths.prompt_mean:.0f}, response mean "
              f"{lengths.response_mean:.0f} / longest {lengths.response_max} ({lengths.clip_ratio:.0%} clipped); "
-             f"weights, experts hit and KV read at {d.hbm_tbps:g} TB/s; per-step overhead, a guess: eager "
-             f"{step_overhead_s(d, True) * 1e3:.1f} ms, graph {step_overhead_s(d, False) * 1e3:.1f} ms; vLLM share "
+             f"weights, experts hit and KV read at {d.hbm_tbps:g} TB/s; per-step overhead, "
+             f"{'measured' if w.step_overhead_ms is not None else 'a guess'}: eager "
+             f"{step_overhead_s(d, True, w.step_overhead_ms) * 1e3:.1f} ms, graph "
+             f"{step_overhead_s(d, False, w.step_overhead_ms) * 1e3:.1f} ms; vLLM share "
              f"{w.gpu_memory_utilization}):",
              f"  {'rollout layout':22s} {'engines':>7s} {'seq/rank':>8s} {'weights GiB':>11s} {'KV GiB':>7s} "
              f"{'waves':>5s} {'memory s':>8s} {'comm s':>6s} {'overhead s':>10s} {'gen s':>7s}  fits"]

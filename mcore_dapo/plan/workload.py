@@ -29,6 +29,9 @@ class Workload:
     gpu_memory_utilization: float = 0.5  # vLLM's share of the device during rollout (verl's default)
     efficiency: float = 0.25  # achieved fraction of the peak matmul rate
     grad_bytes: int = 4  # Megatron's gradient buffer in fp32 for bf16 training
+    # the rollout's per-decode-step overhead beyond the bytes read, (eager, graph) in ms, measured on the device
+    # (docs/PLANNER.md, "Generation"); None: the planner's guess from published figures
+    step_overhead_ms: tuple[float, float] | None = None
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
@@ -46,6 +49,10 @@ class Workload:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 raise UserError(f"{name}={v!r} is not accepted: a positive integer is")
+        if self.step_overhead_ms is not None and (
+                len(self.step_overhead_ms) != 2 or any(not 0.0 <= float(v) < 1000.0 for v in self.step_overhead_ms)):
+            raise UserError(f"step_overhead_ms={self.step_overhead_ms!r} is not accepted: two times in ms, eager then "
+                            "graph, each in [0, 1000) are")
         if self.micro_batch_tokens < self.max_prompt + self.max_response:
             raise UserError(
                 f"micro_batch_tokens={self.micro_batch_tokens} is not accepted: it must hold one whole sample, "
