@@ -136,8 +136,8 @@ def _fast_path_context(engine) -> tuple:
 
 def _build_tf_config(engine) -> None:
     """The engine's dtype, its Bridge and the one TransformerConfig it builds its model with: the bridge's mapping,
-    then (lowest first) verl's keys outside ``override_transformer_config`` (:mod:`model_settings`), the device's
-    fast paths, the user's ``override_transformer_config``, the router-replay fields of verl's
+    then, each over the one before, the device's fast paths, verl's keys outside ``override_transformer_config``
+    (:mod:`model_settings`), the user's ``override_transformer_config`` and the router-replay fields of verl's
     ``router_replay.mode`` (:func:`router_replay.config_fields`)."""
     import torch
 
@@ -177,8 +177,8 @@ def _build_tf_config(engine) -> None:
     engine.mcore_dispatcher = fields.pop("moe_token_dispatcher_type", "alltoall")
     engine.mcore_freeze_router = model_settings.freeze_moe_router(ec.override_mcore_model_config, "megatron")
     # a fast path asked that this machine cannot run is one line (also before Ray: config_checks.check_fast_paths)
-    adapter.fast.check_overrides(cfg, bridge.layout, ec.override_transformer_config, dispatcher=engine.mcore_dispatcher,
-                                 replay=bool(fields.get("moe_enable_routing_replay")))
+    adapter.fast.check_overrides(cfg, bridge.layout, ec.override_transformer_config,
+                                 dispatcher=engine.mcore_dispatcher, replay=bool(fields.get("moe_enable_routing_replay")))
     engine.tf_config = model_config(
         bridge, adapter, dtype={torch.bfloat16: "bf16", torch.float16: "fp16"}.get(engine.param_dtype, "fp32"),
         dispatcher=engine.mcore_dispatcher, wrapped_in_ddp=not ec.forward_only, overrides=fields,
