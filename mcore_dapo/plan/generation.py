@@ -339,14 +339,15 @@ def lengths_of(w: Workload, phases) -> Lengths:
                    int(phases.max_response), phases.clip_ratio)
 
 
-def constants(w: Workload | None = None) -> dict:
-    """The model's constants with their sources (for the JSON and the report); ``w``'s measured overhead where given."""
-    measured = w is not None and w.step_overhead_ms is not None
+def constants(w: Workload) -> dict:
+    """The model's constants with their sources (for the JSON and the report): ``w``'s per-step overhead, measured
+    where given, and the figures the guess is made of."""
     return {
-        "step_overhead_s": None if w is None else {
+        "step_overhead_s": {
             "eager": round(step_overhead_s(w.device, True, w.step_overhead_ms), 5),
             "graph": round(step_overhead_s(w.device, False, w.step_overhead_ms), 5),
-            "source": "measured (--step-overhead-ms)" if measured else "a guess (graph_overhead_s, eager_over_graph)"},
+            "source": "a guess (graph_overhead_s, eager_over_graph)" if w.step_overhead_ms is None
+            else "measured (--step-overhead-ms)"},
         "eager_over_graph": round(EAGER_OVER_GRAPH, 4),
         "eager_over_graph_source": "vllm-ascend #11593: A2, a large MoE, 75 ms/token eager -> 35 ms/token graph",
         "graph_overhead_s": {f: round(graph_overhead_s(f), 5) for f in MEASURED},

@@ -130,10 +130,12 @@ class McoreDapoCheckpointManager(MegatronCheckpointManager):
             if writer is not None:
                 writer.begin(str(final))
                 self.engine.bridge.background = writer  # the HF shards: staged in host memory, written by its thread
-            # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save, and uploads to
-            # hdfs_path before the record exists: here both once the checkpoint is complete (complete)
-            super().save_checkpoint(str(partial), None, global_step, None)
-            self.engine.bridge.background = None
+            try:
+                # verl removes old checkpoints before (ensure_checkpoint_capacity) and during its save, and uploads
+                # to hdfs_path before the record exists: here both once the checkpoint is complete (complete)
+                super().save_checkpoint(str(partial), None, global_step, None)
+            finally:
+                self.engine.bridge.background = None
             self.engine.on_checkpoint("save", global_step)
             done = functools.partial(self.complete, partial, final, hdfs_path, global_step, max_ckpt_to_keep,
                                      self.save_format, tracker=writer is not None)
@@ -145,7 +147,6 @@ class McoreDapoCheckpointManager(MegatronCheckpointManager):
                     writer.poll(blocking=True)
         finally:
             self.save_format = None
-            self.engine.bridge.background = None
 
     def complete(self, partial: Path, final: Path, hdfs_path, global_step, max_ckpt_to_keep, sharding_type,
                  tracker: bool) -> None:
